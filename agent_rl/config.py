@@ -165,7 +165,7 @@ class AlgorithmConfig:
 class OptimizerConfig:
     """AdamW and the PPO-style update schedule."""
 
-    lr: float = 1e-3
+    lr: float = 3e-4
     """AdamW learning rate of the RL phase."""
     betas: tuple[float, float] = (0.9, 0.99)
     """AdamW betas."""
@@ -187,15 +187,15 @@ class OptimizerConfig:
 class SFTConfig:
     """Supervised warm start that teaches the action format before RL."""
 
-    mode: Literal["none", "random", "oracle"] = "random"
+    mode: Literal["none", "random", "oracle"] = "oracle"
     """none, random (clone uniformly random admissible actions: format, not task) or oracle."""
-    steps: int = 1200
+    steps: int = 300
     """Optimizer steps of supervised training."""
-    lr: float = 3e-3
+    lr: float = 1e-3
     """AdamW learning rate of the warm start."""
     batch_size: int = 16
     """(prompt, response) pairs per step."""
-    episodes: int = 64
+    episodes: int = 400
     """Episodes played to build the demonstration set (distinct seeds)."""
 
 
@@ -209,7 +209,7 @@ class TrainerConfig:
     """Seeds python, numpy, torch, the engine and the environment seed stream."""
     run_dir: str | None = None
     """Run directory (checkpoints, logs, resolved config); None = runs/<env>-<preset>-<time>."""
-    eval_every: int = 5
+    eval_every: int = 2
     """Evaluate on held-out seeds every this many iterations (and after the last); 0 = only at the end."""
     eval_episodes: int = 32
     """Held-out episodes per evaluation (distinct seeds, never used for training)."""
@@ -258,8 +258,9 @@ def _rollout_config_cls() -> type:
 
 
 def _default_rollout() -> Any:
-    # The main-job recipe: 8 groups x 8 trajectories, the last turn in the prompt (enough to avoid
-    # walking straight back), and room for the longest Maze action (9 tokens + EOS with the embedded tokenizer).
+    # The main-job recipe: 8 groups x 8 trajectories, the last turn in the prompt (without it a greedy
+    # reactive policy walks back and forth), and room for the longest Maze action (9 tokens + EOS with
+    # the embedded tokenizer).
     return _rollout_config_cls()(n_groups=8, group_size=8, max_turns=20, history_turns=1, max_new_tokens=12)
 
 

@@ -50,9 +50,9 @@ def test_checker_passes_on_a_custom_quest():
 
 
 @pytest.mark.parametrize("kwargs", [COIN, TREASURE, CUSTOM], ids=["coin_collector", "treasure_hunter", "custom"])
-def test_oracle_wins_on_several_seeds(kwargs):
-    env = TextWorldEnv(**kwargs)
-    for seed in range(6):
+def test_oracle_wins_on_20_seeds(kwargs):
+    env = TextWorldEnv(**{**kwargs, "n_games": 4})  # 20 seeded resets over a pool of 4 generated games
+    for seed in range(20):
         _, info = env.reset(seed=seed)
         assert info["task"] and info["admissible_actions"]
         plan = oracle_actions(env)
