@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -193,6 +194,36 @@ def test_resume_refuses_a_changed_config(tmp_path):
 def test_unknown_environment_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="config key 'env.id': unknown environment 'nope/Nothing-v0'"):
         Trainer(load_config(overrides=tiny_overrides(tmp_path, "env.id=nope/Nothing-v0", "env.kwargs={}")))
+
+
+class _BareTextEnv(gym.Env):
+    """A plain Gymnasium text env: no admissible actions in ``info`` and no oracle."""
+
+    observation_space = gym.spaces.Text(16)
+    action_space = gym.spaces.Text(16)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return "start", {}
+
+    def step(self, action):
+        return "start", 0.0, False, False, {}
+
+
+@pytest.mark.parametrize(
+    "mode, message",
+    [("oracle", "sft.mode=oracle needs an environment with an oracle"), ("random", "sft.mode=random needs an environment")],
+)
+def test_warm_start_names_what_the_environment_lacks(mode, message):
+    from training.policy import load_policy
+    from training.sft import collect_demonstrations
+
+    _, tokenizer = load_policy("embedded")
+    with pytest.raises(ValueError, match=message):
+        collect_demonstrations(
+            _BareTextEnv(), tokenizer, mode=mode, episodes=1, seeds=np.array([0]), rng=np.random.default_rng(0),
+            max_turns=2, history_turns=0, parser="first_line", max_prompt_tokens=256,
+        )
 
 
 @pytest.mark.slow

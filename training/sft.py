@@ -64,6 +64,11 @@ def collect_demonstrations(
         raise ValueError(f"SFT mode must be 'random' or 'oracle', got {mode!r}")
     if len(seeds) < episodes:
         raise ValueError(f"need {episodes} seeds, got {len(seeds)}")
+    if mode == "oracle" and not callable(getattr(env.unwrapped, "oracle", None)):
+        raise ValueError(
+            f"sft.mode=oracle needs an environment with an oracle() method and {type(env.unwrapped).__name__} has "
+            "none; use sft.mode=random (clones random admissible actions) or sft.mode=none"
+        )
     eos = [tokenizer.eos_token_id]
     prompts: list[list[int]] = []
     responses: list[list[int]] = []
