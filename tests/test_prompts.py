@@ -40,6 +40,21 @@ def test_messages_show_last_k_turns_task_and_admissible_actions():
     )
 
 
+def test_history_of_actions_only_drops_past_observations():
+    history = [Turn(f"room {i}", f"go {i}") for i in range(1, 6)]
+    messages = build_messages(
+        "find the key", history, "room 6", None, parser="first_line", history_turns=2, history_observations=False
+    )
+    assert messages[1]["content"] == (
+        "Task: find the key\n"
+        "Your last 2 of 5 turns:\n"
+        "[Action 4] go 4\n"
+        "[Action 5] go 5\n"
+        "[Current observation]\nroom 6\n"
+        "Your action:"
+    )
+
+
 def test_messages_without_history_or_admissible_actions():
     messages = build_messages("t", [], "start", None, parser="action_tag", history_turns=3)
     assert messages[0]["content"] == SYSTEM_ACTION_TAG

@@ -158,6 +158,16 @@ def test_one_batched_generate_call_per_turn_and_rewards(policy):
     assert stats["mean_length"] == 3.0 and stats["mean_return"] == pytest.approx(batch.reward.sum() / 6)
 
 
+@pytest.mark.parametrize("history_observations", [True, False])
+def test_history_observations_reach_the_prompts(policy, history_observations):
+    _, tokenizer = policy
+    config = RolloutConfig(n_groups=1, group_size=1, max_turns=3, history_turns=2, history_observations=history_observations)
+    batch, _ = collect_rollouts("test_rollout/Coin-v0", {"steps": 3}, ScriptedEngine(tokenizer), tokenizer, config, np.random.default_rng(0))
+    last_prompt = tokenizer.decode(batch.prompt_ids[-1])
+    assert "[Action 2]" in last_prompt
+    assert ("[Observation 2]" in last_prompt) == history_observations
+
+
 def test_max_turns_cuts_and_marks_truncation(policy):
     _, tokenizer = policy
     config = RolloutConfig(n_groups=1, group_size=2, max_turns=2)

@@ -12,6 +12,7 @@ dead actor is replaced by a fresh one, whose environments are rebuilt on their n
 
 from __future__ import annotations
 
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
@@ -172,9 +173,22 @@ class RayEnvPool:
     def step(self, slots: Sequence[int], actions: Sequence[str]) -> list[EnvResult]:
         return self._call("step", slots, list(actions))
 
-    def kill_actor(self, index: int) -> None:
-        """Kill one actor (a failure drill for tests and operators); the next call replaces it."""
-        self._ray.kill(self._actors[index], no_restart=True)
+    def kill_actor(self, index: int, timeout_s: float = 30.0) -> None:
+        """Kill one actor (a failure drill for tests and operators) and wait until it is gone: a kill
+        is asynchronous, and a call sent before it lands would still be served. The next call
+        replaces the actor."""
+        actor = self._actors[index]
+        self._ray.kill(actor, no_restart=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                self._ray.get(actor.__ray_ready__.remote(), timeout=max(deadline - time.monotonic(), 0.0))
+            except self._ray.exceptions.RayActorError:
+                return
+            except self._ray.exceptions.GetTimeoutError:
+                break
+            time.sleep(0.05)
+        raise TimeoutError(f"environment actor {index} was still alive {timeout_s} s after ray.kill")
 
     def close(self) -> None:
         for actor in self._actors:

@@ -76,16 +76,19 @@ def render_user_message(
     observation: str,
     admissible_actions: Sequence[str] | None,
     total_turns: int,
+    history_observations: bool = True,
 ) -> str:
     """The user message: task, the given history turns, current observation, admissible actions.
 
-    ``total_turns`` is how many turns the episode has had (it may exceed ``len(history)``)."""
+    ``total_turns`` is how many turns the episode has had (it may exceed ``len(history)``).
+    ``history_observations=False`` shows only the actions of the history turns."""
     parts = [f"Task: {task.strip() or '(none given)'}"]
     if history:
         first = total_turns - len(history) + 1
         parts.append(f"Your last {len(history)} of {total_turns} turns:")
         for offset, turn in enumerate(history):
-            parts.append(f"[Observation {first + offset}]\n{turn.observation.strip()}")
+            if history_observations:
+                parts.append(f"[Observation {first + offset}]\n{turn.observation.strip()}")
             parts.append(f"[Action {first + offset}] {turn.action.strip() or '(empty)'}")
     parts.append(f"[Current observation]\n{observation.strip()}")
     if admissible_actions:
@@ -102,14 +105,18 @@ def build_messages(
     *,
     parser: str,
     history_turns: int,
+    history_observations: bool = True,
 ) -> list[dict[str, str]]:
-    """System + user chat messages showing the last ``history_turns`` turns of ``history``."""
+    """System + user chat messages showing the last ``history_turns`` turns of ``history`` (their
+    actions only when ``history_observations`` is False)."""
     if parser not in SYSTEM_PROMPTS:
         raise ValueError(f"unknown action parser {parser!r}; choose one of {sorted(SYSTEM_PROMPTS)}")
     if history_turns < 0:
         raise ValueError(f"history_turns must be >= 0, got {history_turns}")
     shown = list(history[len(history) - history_turns :]) if history_turns else []
-    user = render_user_message(task, shown, observation, admissible_actions, total_turns=len(history))
+    user = render_user_message(
+        task, shown, observation, admissible_actions, total_turns=len(history), history_observations=history_observations
+    )
     return [{"role": "system", "content": SYSTEM_PROMPTS[parser]}, {"role": "user", "content": user}]
 
 
@@ -130,6 +137,7 @@ def build_prompt_ids(
     parser: str,
     history_turns: int,
     max_prompt_tokens: int,
+    history_observations: bool = True,
 ) -> list[int]:
     """Prompt token ids within ``max_prompt_tokens``.
 
@@ -139,7 +147,10 @@ def build_prompt_ids(
     for shown in range(min(history_turns, len(history)), -1, -1):
         ids = encode_messages(
             tokenizer,
-            build_messages(task, history, observation, admissible_actions, parser=parser, history_turns=shown),
+            build_messages(
+                task, history, observation, admissible_actions, parser=parser, history_turns=shown,
+                history_observations=history_observations,
+            ),
         )
         if len(ids) <= max_prompt_tokens:
             return ids

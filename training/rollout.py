@@ -52,6 +52,8 @@ class RolloutConfig:
     """A trajectory still running after this many turns is cut (``done`` and ``truncated``)."""
     history_turns: int = 2
     """Past (observation, action) turns shown in each prompt."""
+    history_observations: bool = True
+    """Show the observations of the history turns; False shows only their actions (shorter prompts)."""
     max_prompt_tokens: int = 1024
     """Prompt budget; over it, history goes oldest first, then the head of the observation."""
     max_new_tokens: int = 24
@@ -189,6 +191,7 @@ def _prompt(tokenizer, episode: Episode, config: RolloutConfig) -> list[int]:
         parser=config.parser,
         history_turns=config.history_turns,
         max_prompt_tokens=config.max_prompt_tokens,
+        history_observations=config.history_observations,
     )
 
 

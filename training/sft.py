@@ -55,6 +55,7 @@ def collect_demonstrations(
     parser: str,
     max_prompt_tokens: int,
     show_admissible: bool = True,
+    history_observations: bool = True,
 ) -> Demonstrations:
     """Play ``episodes`` episodes (one per seed) choosing random admissible or oracle actions and
     record one (prompt, response) pair per turn."""
@@ -92,6 +93,7 @@ def collect_demonstrations(
                 build_prompt_ids(
                     tokenizer, task, history, observation, admissible if show_admissible else None,
                     parser=parser, history_turns=history_turns, max_prompt_tokens=max_prompt_tokens,
+                    history_observations=history_observations,
                 )
             )
             text = response_text(action, parser)
