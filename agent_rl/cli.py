@@ -66,6 +66,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
         if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
             return _launch_learners(args, config.trainer.run_dir or str(default_run_dir(config)))
         train(config, resume=bool(args.resume))
+        if "WORLD_SIZE" in os.environ:
+            # A learner under torchrun sometimes aborts in C++ teardown at interpreter exit ("terminate
+            # called without an active exception") after the run has finished and been written; leave
+            # without that teardown so a finished run exits 0.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
         return 0
 
     return _report_errors(run)

@@ -152,6 +152,19 @@ def init_distributed(device: torch.device) -> DistContext:
     return DistContext(rank=dist.get_rank(), world_size=dist.get_world_size())
 
 
+def shutdown_distributed(ctx: DistContext, *, barrier: bool) -> None:
+    """Destroy the process group, after a barrier when ``barrier`` (the ranks finished together).
+    Without this, gloo's threads are torn down unjoined at interpreter exit and a rank can abort
+    ("terminate called without an active exception"). After a failure the ranks are in different
+    collectives, so the barrier must be skipped there: it would hang instead of exiting."""
+    import torch.distributed as dist
+
+    if ctx.enabled and dist.is_initialized():
+        if barrier:
+            dist.barrier()
+        dist.destroy_process_group()
+
+
 def broadcast_ragged(rows: list[np.ndarray] | None, dtype: torch.dtype, ctx: DistContext) -> list[np.ndarray]:
     """Rank 0's list of 1-D arrays on every rank, sent as two tensors (lengths, then the values)."""
     import torch.distributed as dist

@@ -39,6 +39,7 @@ from training.distributed import (
     broadcast_parameters,
     broadcast_ragged,
     init_distributed,
+    shutdown_distributed,
 )
 from training.engines import make_engine, response_logits, sequence_logprobs, vllm_available
 from training.logger import RunLogger
@@ -583,13 +584,16 @@ class Trainer:
             self.engine.close()
         if self.pool is not None:
             self.pool.close()
+        shutdown_distributed(self.dist, barrier=False)  # a no-op after a run that finished
 
 
 def train(config: Config, *, resume: bool = False, console: Console | None = None) -> dict[str, Any]:
     """Build a :class:`Trainer` for ``config`` (or resume the run in ``config.trainer.run_dir``) and run it."""
     trainer = Trainer(config, resume=resume, console=console)
     try:
-        return trainer.run()
+        summary = trainer.run()
+        shutdown_distributed(trainer.dist, barrier=True)  # every learner got here: leave together
+        return summary
     finally:
         trainer.close()
 
