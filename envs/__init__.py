@@ -6,7 +6,7 @@ and ``agent_rl/MiniCode-v0`` (plus every ``agent_rl.envs`` entry-point plugin) w
 
 from envs.base import TextEnv, Transition, normalize_action
 from envs.checker import CheckReport, TextEnvCheckError, check_text_env
-from envs.oracle import oracle_actions
+from envs.oracle import has_oracle, oracle_actions
 from envs.registration import (
     TextEnvSpec,
     import_modules,
@@ -22,6 +22,7 @@ __all__ = [
     "CheckReport",
     "TextEnvCheckError",
     "check_text_env",
+    "has_oracle",
     "oracle_actions",
     "TextEnv",
     "Transition",

@@ -5,13 +5,17 @@ from __future__ import annotations
 import gymnasium as gym
 
 
+def has_oracle(env: gym.Env) -> bool:
+    """Whether ``env`` (wrapped or not) can give an oracle plan: its unwrapped env has ``oracle()``."""
+    return callable(getattr(env.unwrapped, "oracle", None))
+
+
 def oracle_actions(env: gym.Env) -> list[str]:
     """A shortest (or walkthrough) winning command sequence from ``env``'s current state.
 
     ``env`` may be wrapped (``gymnasium.make`` adds wrappers); the plan comes from the unwrapped
     environment's ``oracle()`` method (every ``TextEnv`` has one). Call it after ``reset``.
     """
-    oracle = getattr(env.unwrapped, "oracle", None)
-    if not callable(oracle):
+    if not has_oracle(env):
         raise TypeError(f"{type(env.unwrapped).__name__} has no oracle() method, so it has no oracle plan")
-    return [str(action) for action in oracle()]
+    return [str(action) for action in env.unwrapped.oracle()]

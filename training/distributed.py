@@ -152,16 +152,12 @@ def init_distributed(device: torch.device) -> DistContext:
     return DistContext(rank=dist.get_rank(), world_size=dist.get_world_size())
 
 
-def shutdown_distributed(ctx: DistContext, *, barrier: bool) -> None:
-    """Destroy the process group, after a barrier when ``barrier`` (the ranks finished together).
-    Without this, gloo's threads are torn down unjoined at interpreter exit and a rank can abort
-    ("terminate called without an active exception"). After a failure the ranks are in different
-    collectives, so the barrier must be skipped there: it would hang instead of exiting."""
+def shutdown_distributed(ctx: DistContext) -> None:
+    """Leave the process group (``destroy_process_group``). No barrier: after a failure the ranks
+    are in different collectives, and a barrier would hang instead of letting the rank exit."""
     import torch.distributed as dist
 
     if ctx.enabled and dist.is_initialized():
-        if barrier:
-            dist.barrier()
         dist.destroy_process_group()
 
 

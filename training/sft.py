@@ -59,13 +59,13 @@ def collect_demonstrations(
 ) -> Demonstrations:
     """Play ``episodes`` episodes (one per seed) choosing random admissible or oracle actions and
     record one (prompt, response) pair per turn."""
-    from envs import oracle_actions
+    from envs import has_oracle, oracle_actions
 
     if mode not in ("random", "oracle"):
         raise ValueError(f"SFT mode must be 'random' or 'oracle', got {mode!r}")
     if len(seeds) < episodes:
         raise ValueError(f"need {episodes} seeds, got {len(seeds)}")
-    if mode == "oracle" and not callable(getattr(env.unwrapped, "oracle", None)):
+    if mode == "oracle" and not has_oracle(env):
         raise ValueError(
             f"sft.mode=oracle needs an environment with an oracle() method and {type(env.unwrapped).__name__} has "
             "none; use sft.mode=random (clones random admissible actions) or sft.mode=none"

@@ -584,16 +584,14 @@ class Trainer:
             self.engine.close()
         if self.pool is not None:
             self.pool.close()
-        shutdown_distributed(self.dist, barrier=False)  # a no-op after a run that finished
+        shutdown_distributed(self.dist)
 
 
 def train(config: Config, *, resume: bool = False, console: Console | None = None) -> dict[str, Any]:
     """Build a :class:`Trainer` for ``config`` (or resume the run in ``config.trainer.run_dir``) and run it."""
     trainer = Trainer(config, resume=resume, console=console)
     try:
-        summary = trainer.run()
-        shutdown_distributed(trainer.dist, barrier=True)  # every learner got here: leave together
-        return summary
+        return trainer.run()
     finally:
         trainer.close()
 
