@@ -16,7 +16,7 @@ from typing import Literal
 
 import numpy as np
 
-from agent_rl.grouping import dense_ids
+from agent_rl.grouping import dense_ids, rows_by_group
 
 EpisodeMode = Literal["grpo", "drgrpo", "rloo"]
 EpisodeStats = Literal["trajectory", "step"]
@@ -76,20 +76,20 @@ def discounted_returns(rewards: np.ndarray, traj_ids: np.ndarray, gamma: float =
         raise ValueError(f"gamma must be in [0, 1], got {gamma}")
     if n == 0:
         return np.zeros(0)
-    # Stable sort: each trajectory becomes a contiguous run in time order.
-    order = np.argsort(traj_ids, kind="stable")
-    sorted_ids = traj_ids[order]
-    run_end = np.r_[sorted_ids[1:] != sorted_ids[:-1], True]
-    run_index = np.cumsum(np.r_[True, run_end[:-1]]) - 1
-    steps_to_end = np.flatnonzero(run_end)[run_index] - np.arange(n)
-    returns = rewards[order].copy()
+    traj_code, n_traj = dense_ids(traj_ids)
+    order = rows_by_group(traj_code, n_traj)  # each trajectory a contiguous run, in time order
+    lengths = np.bincount(traj_code, minlength=n_traj)
+    last_row = np.cumsum(lengths) - 1  # of each trajectory, as a position in ``order``
+    longest_first = np.argsort(-lengths, kind="stable")
+    last_row_longest_first = last_row[longest_first]
+    depths = np.arange(1, lengths.max())
+    # How many trajectories are longer than each depth: a prefix of the longest-first list.
+    n_longer = np.searchsorted(-lengths[longest_first], -depths, side="left")
+    returns = rewards[order]
     # Sweep from the last turn backwards; each pass updates every trajectory at once, so the loop
     # runs (longest trajectory - 1) times, never once per row.
-    # Small unsigned ints take numpy's radix sort.
-    rows_by_depth = np.argsort(steps_to_end.astype(np.min_scalar_type(steps_to_end.max())), kind="stable")
-    depth_starts = np.r_[0, np.cumsum(np.bincount(steps_to_end))]
-    for depth in range(1, len(depth_starts) - 1):
-        rows = rows_by_depth[depth_starts[depth] : depth_starts[depth + 1]]
+    for depth, count in zip(depths, n_longer):
+        rows = last_row_longest_first[:count] - depth
         returns[rows] += gamma * returns[rows + 1]
     out = np.empty(n)
     out[order] = returns
@@ -125,16 +125,17 @@ def episode_advantages(
 
     traj_code, n_traj = dense_ids(traj_ids)
     group_code, n_groups = dense_ids(group_ids)
-    first_row = np.full(n_traj, n)
-    np.minimum.at(first_row, traj_code, np.arange(n))
-    traj_group_code = group_code[first_row]
+    # One representative row per trajectory (which one does not matter: all are checked against it).
+    representative = np.empty(n_traj, dtype=np.intp)
+    representative[traj_code] = np.arange(n)
+    traj_group_code = group_code[representative]
     split = traj_group_code[traj_code] != group_code
     if np.any(split):
         raise ValueError(f"trajectory {traj_ids[int(np.flatnonzero(split)[0])]} has rows in more than one group")
     trajectories_per_group = np.bincount(traj_group_code, minlength=n_groups)
 
     if stats == "trajectory":
-        traj_value = returns[first_row]
+        traj_value = returns[representative]
         mismatch = returns != traj_value[traj_code]
         if np.any(mismatch):
             bad = int(np.flatnonzero(mismatch)[0])
@@ -181,10 +182,10 @@ def step_advantages(
     if n == 0:
         return np.zeros(0)
     codes, n_anchor_groups = dense_ids(group_ids, anchor_keys)
-    count, _, mean, std = _member_stats(step_returns, codes, n_anchor_groups)
+    _, _, mean, std = _member_stats(step_returns, codes, n_anchor_groups)
+    # A singleton's mean is its own value, so it is centered to exactly 0.
     centered = step_returns - mean[codes]
-    advantage = centered / (std[codes] + eps) if normalize == "mean_std" else centered
-    return np.where(count[codes] < 2, 0.0, advantage)
+    return centered / (std[codes] + eps) if normalize == "mean_std" else centered
 
 
 def gigpo_advantages(

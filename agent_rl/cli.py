@@ -109,13 +109,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if not script.is_file():
         print(f"agent-rl: error: {script} not found; benchmarks run from a source checkout", file=sys.stderr)
         return 2
-    argv, sys.argv = sys.argv, [str(script), *args.bench_args]
+    # As a module of the checkout, so that its own packages (anchors, envs, ...) win over
+    # benchmark scripts of the same name (benchmarks/anchors.py).
+    argv, path = sys.argv, list(sys.path)
+    sys.argv, sys.path[:0] = [str(script), *args.bench_args], [str(script.parents[1])]
     try:
-        runpy.run_path(str(script), run_name="__main__")
+        runpy.run_module(f"benchmarks.{script.stem}", run_name="__main__", alter_sys=True)
     except SystemExit as exc:
         return int(exc.code or 0)
     finally:
-        sys.argv = argv
+        sys.argv, sys.path[:] = argv, path
     return 0
 
 

@@ -1,6 +1,6 @@
 """Trajectory-only vs step-level credit: environments x methods x seeds at an equal budget.
 
-Every cell trains from the same ``sft=random`` checkpoint of its (environment, seed) for the same
+Every cell trains from the same warm-start checkpoint of its (environment, seed) for the same
 number of iterations, trajectories and environment steps limit (no early stop), and is evaluated on
 the same held-out seeds. Finished cells are skipped on a rerun; a cell killed midway resumes from its
 last checkpoint.
@@ -56,40 +56,48 @@ COMMON = (
     "logging.tensorboard=false", "logging.console=false",
 )
 
-# Sizes chosen for ~2 hours on a 2-core CPU: mazes and Sokoban rooms with dead ends and loops where
-# a wrong turn is cheap to take and easy to repeat (the revisits GiGPO's anchors need), a small
-# TextWorld coin collector, and MiniCode level 1 whose feedback never repeats verbatim.
+# Sizes chosen for ~2 hours on a 2-core CPU, each at a setting where the shared warm start wins some
+# but far from all sampled episodes (a group whose members all fail carries no signal for any method):
+# - Maze: four rooms, a locked door whose key may lie in a dead end, 20 steps. Its warm start is a
+#   short oracle clone (200 steps): a random-action clone of the tiny model won 0 of 32 sampled
+#   episodes even in 3-room mazes, because it spends half its turns on `look`/`inventory` and almost
+#   never copies the `take <goal>` command from the admissible list. (150 oracle steps left every
+#   method at 0% greedy, with sampled success falling to 0.)
+# - Sokoban: one box in a 7x7 room scrambled by 20 reverse moves, 16 steps (random clone: ~25%).
+# - TextWorld: coin collector level 3, 12 steps (uniformly random play: ~30%).
+# - MiniCode level 1, whose feedback never repeats verbatim. It has no admissible-action list to
+#   sample random actions from, so its warm start clones the oracle too.
 FULL_GRID = (
     Environment(
         "maze",
         ("env.id=agent_rl/Maze-v0",
-         "env.kwargs={n_rooms: 4, n_locked_doors: 1, dead_ends: 1, extra_edges: 1, n_distractors: 0, max_steps: 16}",
-         "rollout.n_groups=8", "rollout.group_size=4", "rollout.max_turns=16", "rollout.history_turns=0",
-         "sft.steps=200", "trainer.iterations=20", "trainer.eval_every=4", "trainer.eval_episodes=32"),
-        ("grpo", "gigpo-state", "gigpo-observation", "gigpo-similarity"),
+         "env.kwargs={n_rooms: 4, n_locked_doors: 1, dead_ends: 1, extra_edges: 0, n_distractors: 0, max_steps: 20}",
+         "rollout.n_groups=8", "rollout.group_size=4", "rollout.max_turns=20", "rollout.history_turns=0",
+         "sft.mode=oracle", "sft.steps=200", "trainer.iterations=15", "trainer.eval_every=3", "trainer.eval_episodes=32"),
+        ("grpo", "gigpo-state", "gigpo-similarity"),
     ),
     Environment(
         "sokoban",
         ("env.id=agent_rl/Sokoban-v0",
-         "env.kwargs={width: 5, height: 5, n_boxes: 1, reverse_steps: 12, max_steps: 12}",
-         "rollout.n_groups=8", "rollout.group_size=4", "rollout.max_turns=12", "rollout.history_turns=0",
-         "sft.steps=200", "trainer.iterations=20", "trainer.eval_every=4", "trainer.eval_episodes=32"),
-        ("grpo", "gigpo-state", "gigpo-observation"),
+         "env.kwargs={width: 7, height: 7, n_boxes: 1, reverse_steps: 20, max_steps: 16}",
+         "rollout.n_groups=8", "rollout.group_size=4", "rollout.max_turns=16", "rollout.history_turns=0",
+         "sft.steps=150", "trainer.iterations=15", "trainer.eval_every=3", "trainer.eval_episodes=32"),
+        ("grpo", "gigpo-state"),
     ),
     Environment(
         "textworld",
-        ("env.id=agent_rl/TextWorld-v0", "env.kwargs={kind: coin_collector, level: 2, n_games: 8, max_steps: 12}",
+        ("env.id=agent_rl/TextWorld-v0", "env.kwargs={kind: coin_collector, level: 3, n_games: 8, max_steps: 12}",
          "rollout.n_groups=4", "rollout.group_size=4", "rollout.max_turns=12", "rollout.history_turns=0",
-         "rollout.max_prompt_tokens=768", "sft.steps=150", "trainer.iterations=15", "trainer.eval_every=5",
+         "rollout.max_prompt_tokens=768", "sft.steps=150", "trainer.iterations=12", "trainer.eval_every=3",
          "trainer.eval_episodes=16"),
-        ("grpo", "gigpo-state"),
+        ("grpo", "gigpo-state", "gigpo-observation"),
     ),
     Environment(
         "minicode",
         ("env.id=agent_rl/MiniCode-v0", "env.kwargs={level: 1, n_tests: 3, max_steps: 4}",
          "rollout.n_groups=8", "rollout.group_size=4", "rollout.max_turns=4", "rollout.history_turns=1",
-         "rollout.max_new_tokens=24", "sft.mode=oracle", "sft.steps=150", "trainer.iterations=15",
-         "trainer.eval_every=5", "trainer.eval_episodes=32"),
+         "rollout.max_new_tokens=24", "sft.mode=oracle", "sft.steps=150", "trainer.iterations=12",
+         "trainer.eval_every=3", "trainer.eval_episodes=32"),
         ("grpo", "gigpo-fingerprint", "gigpo-observation"),
     ),
 )
@@ -131,7 +139,8 @@ class Cell:
 
 
 def sft_checkpoint(env: Environment, seed: int, out: Path) -> Path:
-    """The shared ``sft=random`` start of (env, seed): trained once, reused by every method."""
+    """The shared warm start of (env, seed) (``sft=random`` unless the environment's recipe says
+    otherwise): trained once, reused by every method."""
     from agent_rl.config import load_config
     from training import checkpoint
     from training.trainer import train
@@ -145,7 +154,7 @@ def sft_checkpoint(env: Environment, seed: int, out: Path) -> Path:
     return checkpoint.find_checkpoint(run_dir, "sft").model_dir
 
 
-def run_cell(cell: Cell, start_model: Path) -> None:
+def run_cell(cell: Cell, out: Path) -> None:
     from agent_rl.config import load_config
     from training import checkpoint
     from training.logger import read_metrics
@@ -153,6 +162,7 @@ def run_cell(cell: Cell, start_model: Path) -> None:
 
     done = cell.run_dir / "DONE"
     if not done.exists():
+        start_model = sft_checkpoint(cell.env, cell.seed, out)
         overrides = [*COMMON, *cell.env.overrides, *METHODS[cell.method], f"policy={start_model}", "sft.mode=none",
                      f"trainer.seed={cell.seed}", f"trainer.run_dir={cell.run_dir}"]
         checkpoints = cell.run_dir / checkpoint.CHECKPOINTS
@@ -277,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         task = progress.add_task("grid", total=len(cells))
         for cell in cells:
             progress.update(task, description=f"{cell.env.name} / {cell.method} / seed {cell.seed}")
-            run_cell(cell, sft_checkpoint(cell.env, cell.seed, out))
+            run_cell(cell, out)
             progress.advance(task)
     summary = aggregate(cells)
     payload = {"machine": machine_info(), "quick": args.quick, "seeds": list(seeds), "wall_s": time.perf_counter() - start,

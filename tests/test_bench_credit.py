@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 from agent_rl.cli import main
 
 
 def test_quick_grid_writes_every_output_and_resumes(tmp_path):
     out = tmp_path / "grid"
-    assert main(["bench", "credit", "--quick", "--out", str(out)]) == 0
+    # The installed console script, from outside the checkout: the way users run it. (The project's
+    # `anchors` package must win over benchmarks/anchors.py there too.)
+    console_script = Path(sys.executable).with_name("agent-rl")
+    run = subprocess.run([str(console_script), "bench", "credit", "--quick", "--out", str(out)], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["quick"] is True and summary["seeds"] == [0, 1]
     methods = summary["results"]["maze"]

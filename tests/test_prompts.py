@@ -61,6 +61,13 @@ def test_messages_without_history_or_admissible_actions():
     assert messages[1]["content"] == "Task: t\n[Current observation]\nstart\nYour action:"
 
 
+@pytest.mark.parametrize("system_prompt, expected", [(None, SYSTEM_FIRST_LINE), ("Act.", "Act."), ("", None)])
+def test_system_prompt_default_custom_or_none(system_prompt, expected):
+    messages = build_messages("t", [], "start", None, parser="first_line", history_turns=0, system_prompt=system_prompt)
+    assert [m["content"] for m in messages if m["role"] == "system"] == ([expected] if expected else [])
+    assert messages[-1] == {"role": "user", "content": "Task: t\n[Current observation]\nstart\nYour action:"}
+
+
 def test_bad_parser_and_history_are_rejected():
     with pytest.raises(ValueError, match="parser"):
         build_messages("t", [], "o", None, parser="regex", history_turns=1)

@@ -168,6 +168,26 @@ def test_history_observations_reach_the_prompts(policy, history_observations):
     assert ("[Observation 2]" in last_prompt) == history_observations
 
 
+@pytest.mark.parametrize("system_prompt", [None, ""])
+def test_system_prompt_reaches_rollout_and_warm_start_prompts_alike(policy, system_prompt):
+    import gymnasium as gym
+
+    from training.rollout import draw_seeds
+    from training.sft import collect_demonstrations
+
+    _, tokenizer = policy
+    config = RolloutConfig(n_groups=1, group_size=1, max_turns=2, history_turns=1, system_prompt=system_prompt)
+    batch, _ = collect_rollouts("test_rollout/Coin-v0", {"steps": 2}, ScriptedEngine(tokenizer), tokenizer, config, np.random.default_rng(0))
+    demos = collect_demonstrations(
+        gym.make("test_rollout/Coin-v0", steps=2), tokenizer, mode="random", episodes=1,
+        seeds=np.array(draw_seeds(np.random.default_rng(0), 1, set())),  # the seed the rollout drew
+        rng=np.random.default_rng(0), max_turns=1, history_turns=1, parser="first_line", max_prompt_tokens=1024,
+        system_prompt=system_prompt,
+    )
+    assert demos.prompts[0] == batch.prompt_ids[0].tolist()  # the first turn: no history, same observation
+    assert ("<|system|>" in tokenizer.decode(batch.prompt_ids[0])) == (system_prompt is None)
+
+
 def test_max_turns_cuts_and_marks_truncation(policy):
     _, tokenizer = policy
     config = RolloutConfig(n_groups=1, group_size=2, max_turns=2)

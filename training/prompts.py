@@ -106,9 +106,11 @@ def build_messages(
     parser: str,
     history_turns: int,
     history_observations: bool = True,
+    system_prompt: str | None = None,
 ) -> list[dict[str, str]]:
     """System + user chat messages showing the last ``history_turns`` turns of ``history`` (their
-    actions only when ``history_observations`` is False)."""
+    actions only when ``history_observations`` is False). ``system_prompt`` None uses the parser's
+    instructions; ``""`` sends no system message."""
     if parser not in SYSTEM_PROMPTS:
         raise ValueError(f"unknown action parser {parser!r}; choose one of {sorted(SYSTEM_PROMPTS)}")
     if history_turns < 0:
@@ -117,7 +119,8 @@ def build_messages(
     user = render_user_message(
         task, shown, observation, admissible_actions, total_turns=len(history), history_observations=history_observations
     )
-    return [{"role": "system", "content": SYSTEM_PROMPTS[parser]}, {"role": "user", "content": user}]
+    system = SYSTEM_PROMPTS[parser] if system_prompt is None else system_prompt
+    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
 
 
 def encode_messages(tokenizer, messages: list[dict[str, str]]) -> list[int]:
@@ -138,6 +141,7 @@ def build_prompt_ids(
     history_turns: int,
     max_prompt_tokens: int,
     history_observations: bool = True,
+    system_prompt: str | None = None,
 ) -> list[int]:
     """Prompt token ids within ``max_prompt_tokens``.
 
@@ -149,7 +153,7 @@ def build_prompt_ids(
             tokenizer,
             build_messages(
                 task, history, observation, admissible_actions, parser=parser, history_turns=shown,
-                history_observations=history_observations,
+                history_observations=history_observations, system_prompt=system_prompt,
             ),
         )
         if len(ids) <= max_prompt_tokens:
@@ -157,7 +161,9 @@ def build_prompt_ids(
 
     def encode_with_tail(n_chars: int) -> list[int]:
         tail = TRUNCATION_MARK + observation[len(observation) - n_chars :] if n_chars else TRUNCATION_MARK
-        messages = build_messages(task, history, tail, admissible_actions, parser=parser, history_turns=0)
+        messages = build_messages(
+            task, history, tail, admissible_actions, parser=parser, history_turns=0, system_prompt=system_prompt
+        )
         return encode_messages(tokenizer, messages)
 
     if len(encode_with_tail(0)) > max_prompt_tokens:

@@ -54,6 +54,9 @@ class RolloutConfig:
     """Past (observation, action) turns shown in each prompt."""
     history_observations: bool = True
     """Show the observations of the history turns; False shows only their actions (shorter prompts)."""
+    system_prompt: str | None = None
+    """The system message; None uses the action parser's instructions, "" sends none (a model
+    trained from scratch learns the format from the warm start, and every prompt is shorter)."""
     max_prompt_tokens: int = 1024
     """Prompt budget; over it, history goes oldest first, then the head of the observation."""
     max_new_tokens: int = 24
@@ -192,6 +195,7 @@ def _prompt(tokenizer, episode: Episode, config: RolloutConfig) -> list[int]:
         history_turns=config.history_turns,
         max_prompt_tokens=config.max_prompt_tokens,
         history_observations=config.history_observations,
+        system_prompt=config.system_prompt,
     )
 
 

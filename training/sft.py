@@ -56,6 +56,7 @@ def collect_demonstrations(
     max_prompt_tokens: int,
     show_admissible: bool = True,
     history_observations: bool = True,
+    system_prompt: str | None = None,
 ) -> Demonstrations:
     """Play ``episodes`` episodes (one per seed) choosing random admissible or oracle actions and
     record one (prompt, response) pair per turn."""
@@ -93,7 +94,7 @@ def collect_demonstrations(
                 build_prompt_ids(
                     tokenizer, task, history, observation, admissible if show_admissible else None,
                     parser=parser, history_turns=history_turns, max_prompt_tokens=max_prompt_tokens,
-                    history_observations=history_observations,
+                    history_observations=history_observations, system_prompt=system_prompt,
                 )
             )
             text = response_text(action, parser)

@@ -354,7 +354,7 @@ class Trainer:
             seeds=np.array(draw_seeds(rng, cfg.sft.episodes, set())), rng=rng, max_turns=cfg.rollout.max_turns,
             history_turns=cfg.rollout.history_turns, parser=cfg.rollout.parser,
             max_prompt_tokens=cfg.rollout.max_prompt_tokens, show_admissible=cfg.rollout.show_admissible_actions,
-            history_observations=cfg.rollout.history_observations,
+            history_observations=cfg.rollout.history_observations, system_prompt=cfg.rollout.system_prompt,
         )
         env.close()
         metrics = train_supervised(
