@@ -78,7 +78,7 @@ FULL_GRID = (
          "env.kwargs={n_rooms: 4, n_locked_doors: 1, dead_ends: 1, extra_edges: 0, n_distractors: 0, max_steps: 20, invalid_action_penalty: 0.01}",
          "rollout.n_groups=8", "rollout.group_size=4", "rollout.max_turns=20", "rollout.history_turns=0",
          "sft.mode=oracle", "sft.steps=200", "trainer.iterations=15", "trainer.eval_every=3", "trainer.eval_episodes=32"),
-        ("grpo", "gigpo-state", "gigpo-similarity"),
+        ("grpo", "drgrpo", "gigpo-state", "gigpo-similarity"),
     ),
     Environment(
         "sokoban",
@@ -94,7 +94,7 @@ FULL_GRID = (
          "rollout.n_groups=4", "rollout.group_size=4", "rollout.max_turns=12", "rollout.history_turns=0",
          "rollout.max_prompt_tokens=768", "sft.steps=150", "trainer.iterations=12", "trainer.eval_every=3",
          "trainer.eval_episodes=16"),
-        ("grpo", "gigpo-observation"),
+        ("grpo", "drgrpo", "gigpo-observation"),
     ),
     Environment(
         "minicode",
@@ -311,7 +311,9 @@ def main(argv: list[str] | None = None) -> int:
             name = f"{cell.env.name} / {cell.method} / seed {cell.seed}"
             progress.update(task, description=name)
             total = int(load_config(overrides=[*COMMON, *cell.env.overrides]).trainer.iterations)
-            progress.reset(iteration_task, total=total, description="  warm start / iteration 0")
+            finished = (cell.run_dir / "DONE").exists()
+            progress.reset(iteration_task, total=total, completed=total if finished else 0,
+                           description="  finished in an earlier run" if finished else "  warm start / iteration 0")
             run_cell(cell, out, iteration_reporter(progress, iteration_task, total))
             progress.advance(task)
     summary = aggregate(cells)
