@@ -81,9 +81,10 @@ def discounted_returns(rewards: np.ndarray, traj_ids: np.ndarray, gamma: float =
     order = rows_by_group(traj_code, n_traj)  # each trajectory a contiguous run, in time order
     lengths = np.bincount(traj_code, minlength=n_traj)
     last_row = np.cumsum(lengths) - 1  # of each trajectory, as a position in ``order``
-    longest_first = np.argsort(-lengths, kind="stable")
+    longest = int(lengths.max())
+    longest_first = rows_by_group(longest - lengths, longest + 1)
     last_row_longest_first = last_row[longest_first]
-    depths = np.arange(1, lengths.max())
+    depths = np.arange(1, longest)
     # How many trajectories are longer than each depth: a prefix of the longest-first list.
     n_longer = np.searchsorted(-lengths[longest_first], -depths, side="left")
     returns = rewards[order]
@@ -183,7 +184,9 @@ def step_advantages(
     codes, n_anchor_groups = dense_ids(group_ids, anchor_keys)
     _, _, _, std, centered = _member_stats(step_returns, codes, n_anchor_groups)
     # A singleton's mean is its own value, so it is centered to exactly 0.
-    return centered / (std[codes] + eps) if normalize == "mean_std" else centered
+    if normalize == "mean_std":
+        centered /= (std + eps)[codes]
+    return centered
 
 
 def gigpo_advantages(

@@ -21,20 +21,34 @@ def _as_column(column: np.ndarray | list) -> np.ndarray:
     return values
 
 
-def _compact_codes(values: np.ndarray) -> tuple[np.ndarray, int] | None:
-    """O(n) dense codes for integers in a range not much wider than the row count, else None."""
+def _running_count(flags: np.ndarray) -> np.ndarray:
+    """``np.cumsum(flags)`` as int64 for a bool array, read as bytes: a cumsum of bools themselves
+    casts every element and is about twice as slow."""
+    return np.cumsum(flags.view(np.uint8), dtype=np.int64)
+
+
+def _compact_range(values: np.ndarray) -> tuple[int, int] | None:
+    """``(low, span)`` of integers whose range is not much wider than the row count, else None."""
     if values.dtype.kind not in "iu":
         return None
-    low = values.min()
-    span = int(values.max()) - int(low)
-    if span > 4 * len(values) + 1024:
-        return None
-    offsets = (values - low if low else values).astype(np.int64)  # a copy: codes never alias the input
+    low = int(values.min())
+    span = int(values.max()) - low
+    return (low, span) if span <= 4 * len(values) + 1024 else None
+
+
+def _compact_codes(values: np.ndarray, low: int, span: int) -> tuple[np.ndarray, int]:
+    """O(n) dense codes for integers in ``[low, low + span]`` (see :func:`_compact_range`)."""
+    # Offsets are copies, so codes never alias the input.
+    if values.dtype.kind == "u":  # every value is >= low: the subtraction cannot wrap
+        offsets = (values - values.dtype.type(low)).astype(np.int64)
+    else:  # widened first: in a narrow signed dtype the subtraction could overflow
+        offsets = values.astype(np.int64)
+        offsets -= low
     present = np.zeros(span + 1, dtype=bool)
     present[offsets] = True
     if present.all():  # already dense (e.g. trajectory ids 0..k-1): the offsets are the codes
         return offsets, span + 1
-    remap = np.cumsum(present) - 1
+    remap = _running_count(present) - 1
     return remap[offsets], int(remap[-1]) + 1
 
 
@@ -44,9 +58,10 @@ _MIX = np.uint64(0x9E3779B97F4A7C15)  # odd: multiplying by it is a bijection on
 def _mixed_key(arrays: list[np.ndarray]) -> np.ndarray:
     """One 64-bit word per row mixed from integer columns. Its high bits depend on every input bit
     (a product's bit k depends on the factors' bits 0..k), and those are the bits that are kept."""
-    key = np.zeros(len(arrays[0]), dtype=np.uint64)
-    for array in arrays:
-        key ^= array.astype(np.uint64, copy=False)
+    key = arrays[0].astype(np.uint64)
+    key *= _MIX
+    for array in arrays[1:]:
+        key ^= array.view(np.uint64) if array.dtype.itemsize == 8 else array.astype(np.uint64)
         key *= _MIX
     return key
 
@@ -58,17 +73,24 @@ def _index_bits(n: int) -> int:
 def _sort_packed(high: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Sort rows by ``high`` (uint64 whose low index bits are zero), ties in row order, with one
     value sort of ``high | row``: sorting words is several times faster than an argsort.
-    Returns ``(rows, sorted high >> index bits)``."""
+    Returns ``(rows, starts)``, ``starts`` flagging the first row of each run of equal ``high``."""
     bits = _index_bits(n)
     packed = high | np.arange(n, dtype=np.uint64)
     packed.sort()
-    return (packed & np.uint64((1 << bits) - 1)).astype(np.intp), packed >> np.uint64(bits)
+    starts = np.empty(n, dtype=bool)
+    starts[0] = True
+    # Neighbours differ in ``high`` exactly when their XOR has a bit above the index bits.
+    np.greater_equal(packed[1:] ^ packed[:-1], np.uint64(1 << bits), out=starts[1:])
+    packed &= np.uint64((1 << bits) - 1)
+    return packed.view(np.intp), starts
 
 
 def _codes_from_runs(order: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, int]:
+    run_ids = _running_count(starts)
+    run_ids -= 1
     codes = np.empty(len(order), dtype=np.int64)
-    codes[order] = np.cumsum(starts) - 1
-    return codes, int(np.count_nonzero(starts))
+    codes[order] = run_ids
+    return codes, int(run_ids[-1]) + 1
 
 
 def _hashed_codes(arrays: list[np.ndarray]) -> tuple[np.ndarray, int] | None:
@@ -76,10 +98,9 @@ def _hashed_codes(arrays: list[np.ndarray]) -> tuple[np.ndarray, int] | None:
     truncation collision (two different rows sharing a key), which the caller resolves exactly."""
     n = len(arrays[0])
     bits = _index_bits(n)
-    order, keys = _sort_packed(_mixed_key(arrays) >> np.uint64(bits) << np.uint64(bits), n)
-    starts = np.empty(n, dtype=bool)
-    starts[0] = True
-    np.not_equal(keys[1:], keys[:-1], out=starts[1:])
+    key = _mixed_key(arrays)
+    key &= ~np.uint64((1 << bits) - 1)  # room for the row index
+    order, starts = _sort_packed(key, n)
     for array in arrays:
         # A run of equal keys holding two different rows has two different neighbours somewhere.
         ordered = array[order]
@@ -105,14 +126,16 @@ def dense_ids(*columns: np.ndarray | list) -> tuple[np.ndarray, int]:
     if n == 0:
         return np.zeros(0, dtype=np.int64), 0
 
-    compact = [_compact_codes(a) for a in arrays]
-    if all(c is not None for c in compact):
+    ranges = [_compact_range(a) for a in arrays]
+    if all(r is not None for r in ranges):
+        compact = [_compact_codes(a, *r) for a, r in zip(arrays, ranges)]
         codes, n_groups = compact[0]
         for next_codes, n_next in compact[1:]:
-            combined = _compact_codes(codes * n_next + next_codes)
-            if combined is None:
+            combined = codes * n_next + next_codes
+            combined_range = _compact_range(combined)
+            if combined_range is None:
                 break
-            codes, n_groups = combined
+            codes, n_groups = _compact_codes(combined, *combined_range)
         else:
             return codes, n_groups
         arrays = [c[0] for c in compact]

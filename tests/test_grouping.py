@@ -34,12 +34,25 @@ def assert_same_grouping(codes, expected, n, expected_n):
         (np.array([0, 0, 1, 1]), np.array(["a", "b", "a", "a"])),  # ints x strings
         (np.array([1, 1, 2, 2]), np.array([2**60, 2**60, 2**60, 3], dtype=np.uint64)),
         (np.array([True, False, True]), np.array([-5, -5, -5])),  # bools and negatives
+        (np.array([22, 91, -95], dtype=np.int8),),  # 91 - (-95) overflows int8
         (np.array(["x", "y", "x"], dtype=object),),
     ],
 )
 def test_matches_dict_reference(columns):
     codes, n = dense_ids(*columns)
     expected, expected_n = _reference(*columns)
+    assert_same_grouping(codes, expected, n, expected_n)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([np.int8, np.int16, np.uint8, np.uint64]), st.data())
+def test_narrow_and_unsigned_dtypes_group_exactly(dtype, data):
+    # The offsets from the minimum must not wrap around in the column's own dtype.
+    info = np.iinfo(dtype)
+    values = data.draw(st.lists(st.integers(int(info.min), int(info.max)), min_size=1, max_size=12))
+    column = np.array(values, dtype=dtype)
+    codes, n = dense_ids(column)
+    expected, expected_n = _reference(column)
     assert_same_grouping(codes, expected, n, expected_n)
 
 
