@@ -22,6 +22,8 @@ def machine_info() -> dict[str, Any]:
         "load_average_1_5_15min": [round(load, 2) for load in os.getloadavg()],  # other jobs share the CPU
         "python": platform.python_version(),
     }
+    if os.environ.get("LD_PRELOAD"):  # e.g. tcmalloc: it changes allocation-heavy timings
+        info["ld_preload"] = os.environ["LD_PRELOAD"]
     try:
         import numpy
 
