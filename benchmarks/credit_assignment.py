@@ -230,7 +230,7 @@ def aggregate(cells: list[Cell]) -> dict:
 
 
 def write_markdown(summary: dict, path: Path) -> None:
-    lines = ["| env | method | final greedy success (95% CI) | AUC | iters to 50% | iters to 90% | steps in anchor groups >= 2 | advantage share of iteration |",
+    lines = ["| env | method | final greedy success (95% CI) | AUC | iters to 50% | iters to 90% | steps in anchor groups >= 2 | step credit's share of iteration time |",
              "|---|---|---|---|---|---|---|---|"]
     for env, methods in summary.items():
         for method, r in methods.items():
