@@ -20,6 +20,7 @@ import copy
 import dataclasses
 import difflib
 import importlib
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -510,7 +511,11 @@ def load_config(
 
 
 def save_config(config: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
+    """Write ``config.yaml`` atomically: a reader (another learner resuming) never sees half a file."""
+    path = Path(path)
+    staging = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    staging.write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
+    os.replace(staging, path)
 
 
 # ---- value checks ---------------------------------------------------------------------------------

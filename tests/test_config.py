@@ -121,6 +121,20 @@ def test_round_trip_through_yaml(tmp_path):
     assert config_to_dict(load_config(tmp_path / "c.yaml")) == config_to_dict(config)
 
 
+def test_save_config_replaces_the_file_atomically(tmp_path):
+    """A reader that opened the old file (a learner resuming beside the one rewriting it) reads it whole."""
+    from agent_rl.config import save_config
+
+    path = tmp_path / "config.yaml"
+    old, new = load_config(overrides=["algo=rloo"]), load_config(overrides=["algo=gigpo"])
+    save_config(old, path)
+    with open(path) as reader:
+        save_config(new, path)
+        assert yaml.safe_load(reader.read()) == config_to_dict(old)
+    assert config_to_dict(load_config(path)) == config_to_dict(new)
+    assert list(tmp_path.iterdir()) == [path]
+
+
 def test_config_module_does_not_import_torch():
     code = "import agent_rl.config, sys; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

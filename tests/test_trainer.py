@@ -197,6 +197,22 @@ def test_resume_refuses_a_changed_config(tmp_path):
         Trainer(load_config(run_dir / "config.yaml"))
 
 
+@pytest.mark.slow
+def test_only_rank_zero_decides_whether_the_run_directory_is_taken(tmp_path, monkeypatch):
+    """Rank 0 writes its iteration-0 checkpoint before a slow rank 1 may look; rank 1 must follow rank
+    0's "fresh directory" verdict instead of refusing the checkpoint rank 0 just wrote (CI race)."""
+    import training.trainer as trainer_module
+    from training.distributed import DistContext
+
+    run_dir = tmp_path / "run"
+    train(load_config(overrides=tiny_overrides(run_dir, "trainer.iterations=0")))
+    verdicts = []
+    monkeypatch.setattr(trainer_module, "init_distributed", lambda device: DistContext(rank=1, world_size=2))
+    monkeypatch.setattr(trainer_module, "broadcast_flag", lambda value, ctx: verdicts.append(value) or False)
+    Trainer(load_config(run_dir / "config.yaml"))
+    assert verdicts == [False]  # rank 1 offered no verdict of its own
+
+
 def test_unknown_environment_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="config key 'env.id': unknown environment 'nope/Nothing-v0'"):
         Trainer(load_config(overrides=tiny_overrides(tmp_path, "env.id=nope/Nothing-v0", "env.kwargs={}")))

@@ -272,7 +272,9 @@ class Trainer:
         if resume:
             self._resume()
         else:
-            if checkpoint_dir.exists() and any(checkpoint_dir.iterdir()):
+            # Rank 0 decides for everyone: it may write its first checkpoint before another rank looks.
+            occupied = self.dist.is_main and checkpoint_dir.exists() and any(checkpoint_dir.iterdir())
+            if broadcast_flag(occupied, self.dist):
                 raise FileExistsError(
                     f"run directory {str(self.run_dir)!r} already holds checkpoints; resume it with "
                     f"--resume {self.run_dir} or choose another trainer.run_dir"
