@@ -92,6 +92,33 @@ def test_response_logits_targets_and_mask(policy):
     assert torch.allclose(torch.log_softmax(logits, -1).gather(2, targets[..., None])[..., 0] * mask, logp, atol=1e-6)
 
 
+def test_a_shared_prompt_prefix_is_forwarded_once_with_unchanged_logits_and_gradients(policy):
+    model, _ = policy
+    shared = [1, 5, 9, 30, 31, 32]
+    prompts = [shared + [7], shared + [8, 8, 8], shared]  # the last prompt is all shared prefix
+    responses = [[11, 12], [40], [2, 3, 50]]
+    widths = []
+    hook = model.get_input_embeddings().register_forward_hook(lambda m, args, out: widths.append(tuple(args[0].shape)))
+    try:
+        logits, targets, mask = response_logits(model, prompts, responses)
+    finally:
+        hook.remove()
+    # All but the last token of the shortest prompt once (its last token's logits predict a response),
+    # then the rest of every prompt (at most 4 tokens) and the responses (at most 3).
+    assert widths == [(1, 5), (3, 7)]
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    logp = torch.log_softmax(logits, -1).gather(2, targets[..., None])[..., 0] * mask
+    got = torch.autograd.grad(logp.sum(), parameters)
+    expected_logp = []
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        row_logits = model(torch.tensor([p + r])).logits[0, len(p) - 1 : -1]
+        expected_logp.append(torch.log_softmax(row_logits, -1).gather(1, torch.tensor(r)[:, None])[:, 0])
+        torch.testing.assert_close(logp[i, : len(r)], expected_logp[-1], atol=1e-5, rtol=0)
+    expected = torch.autograd.grad(torch.cat(expected_logp).sum(), parameters)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
+
+
 def test_sequence_logprobs_carry_gradients(policy):
     model, _ = policy
     logp, mask = sequence_logprobs(model, [[1, 5, 6]], [[7, 8]])

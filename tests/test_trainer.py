@@ -15,6 +15,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent_rl.batch import StepBatch
 from agent_rl.config import load_config
@@ -87,7 +89,9 @@ def test_gradient_does_not_depend_on_micro_batch_split(loss):
     model = _tiny_model()
     rng = np.random.default_rng(0)
     n = 7
-    prompts = [rng.integers(3, 40, size=rng.integers(2, 9)) for _ in range(n)]
+    # Two tasks behind one system prompt: micro-batches forward shared prefixes once.
+    system, tasks = [1, 2, 3], [[4, 5, 6, 7], [8, 9]]
+    prompts = [np.array(system + tasks[i % 2] + list(rng.integers(3, 40, size=rng.integers(1, 6)))) for i in range(n)]
     responses = [rng.integers(3, 40, size=rng.integers(1, 6)) for _ in range(n)]
     old = [rng.normal(-2.5, 0.3, size=len(r)).astype(np.float32) for r in responses]
     advantages = rng.normal(size=n)
@@ -121,6 +125,74 @@ def test_gradient_does_not_depend_on_micro_batch_split(loss):
     policy_loss(logp, old_padded, torch.as_tensor(advantages, dtype=torch.float32), mask, **kwargs).loss.backward()
     reference = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
     torch.testing.assert_close(whole, reference, rtol=1e-4, atol=1e-7)
+
+
+def _length_plan(prompts, responses, rows, size):
+    order = rows[np.argsort([len(prompts[i]) + len(responses[i]) for i in rows], kind="stable")]
+    return np.split(order, np.arange(size, len(order), size))
+
+
+def _tokens(plan, prompts, responses):
+    """Forwarded tokens, counted row by row: the micro-batch's shared prefix once, the rest padded."""
+    total = 0
+    for batch in plan:
+        shared = 0
+        if len(batch) > 1:
+            first = prompts[batch[0]]
+            shared = min(min(next((k for k, (a, b) in enumerate(zip(first, prompts[i])) if a != b),
+                                  min(len(first), len(prompts[i]))) for i in batch),
+                         min(len(prompts[i]) for i in batch) - 1)
+        rest = max(len(prompts[i]) for i in batch) - shared + max(len(responses[i]) for i in batch)
+        total += shared + len(batch) * rest
+    return total
+
+
+def test_micro_batch_plan_keeps_each_task_together_sorted_by_length():
+    from training.trainer import plan_micro_batches
+
+    system = [1, 2, 3]
+    task_a, task_b = [10, 11, 12, 13, 14, 15], [20, 21, 22, 23, 24, 25]
+    prompts = [np.array(system + (task_a if i % 2 else task_b) + [30] * (i % 5)) for i in range(12)]
+    responses = [np.array([7] * (1 + i % 3)) for i in range(12)]
+    plan = plan_micro_batches(prompts, responses, np.arange(12), size=4)
+    assert sorted(np.concatenate(plan).tolist()) == list(range(12))
+    assert [len(b) for b in plan] == [4, 2, 4, 2]  # no micro-batch spans the two tasks
+    for batch in plan:
+        assert len({i % 2 for i in batch}) == 1
+        totals = [len(prompts[i]) + len(responses[i]) for i in batch]
+        assert totals == sorted(totals)
+    assert _tokens(plan, prompts, responses) < _tokens(_length_plan(prompts, responses, np.arange(12), 4), prompts, responses)
+
+
+def test_micro_batch_plan_sorts_by_length_when_prompts_share_nothing():
+    from training.trainer import plan_micro_batches
+
+    prompts = [np.array([i + 1] + [5] * (i % 4)) for i in range(9)]
+    responses = [np.array([7, 8]) for _ in range(9)]
+    rows = np.array([0, 2, 3, 5, 6, 8])
+    plan = plan_micro_batches(prompts, responses, rows, size=4)
+    assert [b.tolist() for b in plan] == [b.tolist() for b in _length_plan(prompts, responses, rows, 4)]
+    assert plan_micro_batches(prompts, responses, np.array([3]), size=4)[0].tolist() == [3]
+    assert plan_micro_batches(prompts, responses, np.array([], dtype=np.int64), size=4) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    prefixes=st.lists(st.lists(st.integers(1, 6), min_size=0, max_size=6), min_size=1, max_size=4),
+    rows=st.lists(st.tuples(st.integers(0, 3), st.lists(st.integers(1, 6), max_size=5), st.integers(1, 4)),
+                  min_size=1, max_size=30),
+    size=st.integers(1, 7),
+)
+def test_micro_batch_plan_is_a_partition_that_forwards_no_more_than_sorting_by_length(prefixes, rows, size):
+    from training.trainer import plan_micro_batches
+
+    prompts = [np.array([9, *prefixes[k % len(prefixes)], *tail]) for k, tail, _ in rows]
+    responses = [np.array([1] * n) for _, _, n in rows]
+    picked = np.arange(len(rows))[::-1]
+    plan = plan_micro_batches(prompts, responses, picked, size)
+    assert sorted(np.concatenate(plan).tolist()) == sorted(picked.tolist())
+    assert all(1 <= len(batch) <= size for batch in plan)
+    assert _tokens(plan, prompts, responses) <= _tokens(_length_plan(prompts, responses, picked, size), prompts, responses)
 
 
 # ---- end to end ------------------------------------------------------------------------------------------

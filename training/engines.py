@@ -294,6 +294,25 @@ def make_engine(kind: str, model: torch.nn.Module, tokenizer, **kwargs) -> HFEng
     raise ValueError(f"unknown engine {kind!r}; choose auto, hf or vllm")
 
 
+def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
+    """Length of the longest prefix that every row of ``rows`` starts with."""
+    width = min((len(r) for r in rows), default=0)
+    if width == 0:
+        return 0
+    matrix = np.array([r[:width] for r in rows])
+    differs = (matrix != matrix[0]).any(axis=0)
+    return int(differs.argmax()) if differs.any() else width
+
+
+def _shares_prefixes(model: torch.nn.Module) -> bool:
+    """Whether a prefix's KV cache can stand in for the prefix: every layer attends to all earlier
+    tokens (a sliding-window cache would drop some of them)."""
+    config = model.config
+    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
+    sliding = getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True)
+    return all(kind == "full_attention" for kind in layer_types) and not sliding
+
+
 def response_logits(
     model: torch.nn.Module,
     prompt_ids_list: Sequence[Sequence[int]],
@@ -303,19 +322,27 @@ def response_logits(
     shapes ``(B, T, V)``, ``(B, T)``, ``(B, T)``; ``T`` is the longest response and ``mask`` is 1.0 on
     real response tokens.
 
-    Prompts are left-padded and responses right-padded, so every response starts at the same column
-    and only the last ``T + 1`` positions need logits. Gradients flow when grad mode is on."""
+    The prefix that all prompts share (a system prompt, a task) is forwarded once and its KV cache
+    repeated over the batch; gradients flow back through that cache, so the result equals B separate
+    forward passes. The rest of each prompt is left-padded and its response right-padded, so every
+    response starts at the same column and only the last ``T + 1`` positions need logits. Gradients
+    flow when grad mode is on."""
     if len(prompt_ids_list) != len(response_ids_list):
         raise ValueError(f"{len(prompt_ids_list)} prompts but {len(response_ids_list)} responses")
     if any(len(p) == 0 for p in prompt_ids_list):
         raise ValueError("every prompt needs at least one token")
     device = next(model.parameters()).device
     batch = len(prompt_ids_list)
-    prompt_width = max(len(p) for p in prompt_ids_list)
+    shared = 0
+    if batch > 1 and _shares_prefixes(model):
+        # At most all but one token of the shortest prompt: that token's logits predict its response.
+        shared = min(common_prefix_length(prompt_ids_list), min(len(p) for p in prompt_ids_list) - 1)
+    suffixes = [p[shared:] for p in prompt_ids_list]
+    prompt_width = max(len(p) for p in suffixes)
     response_width = max((len(r) for r in response_ids_list), default=0)
     input_ids = torch.zeros((batch, prompt_width + response_width), dtype=torch.long)
     attention_mask = torch.zeros_like(input_ids)
-    for i, (p, r) in enumerate(zip(prompt_ids_list, response_ids_list)):
+    for i, (p, r) in enumerate(zip(suffixes, response_ids_list)):
         input_ids[i, prompt_width - len(p) : prompt_width + len(r)] = torch.tensor([*p, *r], dtype=torch.long)
         attention_mask[i, prompt_width - len(p) : prompt_width + len(r)] = 1
     mask = attention_mask[:, prompt_width:].to(device=device, dtype=torch.float32)
@@ -323,13 +350,20 @@ def response_logits(
     if response_width == 0:
         return torch.zeros((batch, 0, model.config.vocab_size), device=device), targets, mask
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    position_ids = shared + (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    past = None
+    if shared:
+        prefix = torch.tensor([list(prompt_ids_list[0][:shared])], dtype=torch.long, device=device)
+        past = model(input_ids=prefix, use_cache=True).past_key_values
+        past.batch_repeat_interleave(batch)
+        attention_mask = torch.cat([attention_mask.new_ones((batch, shared)), attention_mask], dim=1)
     logits = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids,
+        past_key_values=past,
         logits_to_keep=response_width + 1,
-        use_cache=False,
+        use_cache=past is not None,
     ).logits[:, :-1]
     return logits, targets, mask
 

@@ -103,6 +103,58 @@ def _pad(rows: list[np.ndarray], width: int, device: torch.device) -> torch.Tens
     return out.to(device)
 
 
+def _forwarded_tokens(batches: list[np.ndarray], prompt_matrix: np.ndarray, prompt_lengths: np.ndarray,
+                      response_lengths: np.ndarray) -> int:
+    """Tokens ``response_logits`` forwards for ``batches``: the shared prefix once, then every row
+    padded to the batch's longest rest of prompt and longest response."""
+    total = 0
+    for batch in batches:
+        shared = 0
+        if len(batch) > 1:
+            same = (prompt_matrix[batch] == prompt_matrix[batch[0]]).all(axis=0)
+            shared = min(int(np.cumprod(same).sum()), int(prompt_lengths[batch].min()) - 1)
+        rest = int(prompt_lengths[batch].max()) - shared + int(response_lengths[batch].max())
+        total += shared + len(batch) * rest
+    return total
+
+
+def plan_micro_batches(prompts: list[np.ndarray], responses: list[np.ndarray], rows: np.ndarray,
+                       size: int) -> list[np.ndarray]:
+    """Split ``rows`` into micro-batches of at most ``size`` rows that forward the fewest tokens.
+
+    Two plans are costed (``_forwarded_tokens``) and the cheaper one wins:
+    - rows sorted by length: the least padding;
+    - rows clustered by the prompt prefix they share beyond the one common to all (the task of one
+      group's episodes, say), length-sorted within a cluster, no micro-batch spanning two clusters:
+      the longest prefixes that ``response_logits`` forwards once per micro-batch."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if len(rows) <= 1:
+        return [rows] if len(rows) else []
+    prompt_lengths = np.array([len(prompts[i]) for i in rows])
+    response_lengths = np.array([len(responses[i]) for i in rows])
+    prompt_matrix = np.full((len(rows), int(prompt_lengths.max())), -1, dtype=np.int64)  # -1: past the end
+    prompt_matrix[np.arange(prompt_matrix.shape[1]) < prompt_lengths[:, None]] = np.concatenate([prompts[i] for i in rows])
+    total_lengths = prompt_lengths + response_lengths
+
+    by_length = np.argsort(total_lengths, kind="stable")
+    length_plan = np.split(by_length, np.arange(size, len(rows), size))
+
+    lexical = np.lexsort(prompt_matrix.T[::-1])  # column 0 is the primary key
+    differs = prompt_matrix[lexical[1:]] != prompt_matrix[lexical[:-1]]
+    neighbour_prefix = np.where(differs.any(axis=1), differs.argmax(axis=1), prompt_matrix.shape[1])
+    # A new cluster wherever neighbours share no more than every row does (no clusters if none do).
+    splits = (neighbour_prefix == neighbour_prefix.min()) & (neighbour_prefix.max() > neighbour_prefix.min())
+    cluster = np.empty(len(rows), dtype=np.int64)
+    cluster[lexical] = np.concatenate([[0], np.cumsum(splits)])
+    by_cluster = np.lexsort((total_lengths, cluster))
+    cluster_sizes = np.bincount(cluster)
+    rank_in_cluster = np.arange(len(rows)) - np.repeat(np.cumsum(cluster_sizes) - cluster_sizes, cluster_sizes)
+    cluster_plan = np.split(by_cluster, np.flatnonzero(rank_in_cluster % size == 0)[1:])
+
+    costs = [_forwarded_tokens(plan, prompt_matrix, prompt_lengths, response_lengths) for plan in (length_plan, cluster_plan)]
+    return [rows[batch] for batch in (length_plan, cluster_plan)[int(np.argmin(costs))]]
+
+
 def accumulate_policy_gradient(
     model: torch.nn.Module,
     prompts: list[np.ndarray],
@@ -134,14 +186,16 @@ def accumulate_policy_gradient(
     num_tokens = float(lengths.sum())
     num_rows = float((lengths > 0).sum() if loss_kwargs["loss_agg"] == "seq_mean_token_mean" else len(lengths))
     active = np.flatnonzero(((advantages != 0) | kl_on) & (lengths > 0))
-    total_lengths = np.array([len(prompts[i]) + lengths[i] for i in active])
-    active = active[np.argsort(total_lengths, kind="stable")]  # similar lengths share a micro-batch: less padding
-    active = active[shard[0] :: shard[1]]  # dealt round-robin after sorting: balanced lengths per rank
+    # Planned over all ranks, then each micro-batch is dealt round-robin: balanced and prefix-sharing.
+    plan = plan_micro_batches(prompts, responses, active, micro_batch_size * shard[1])
     device = next(model.parameters()).device
     sums: dict[str, float] = defaultdict(float)
     tokens_seen = 0.0
-    for start in range(0, len(active), micro_batch_size):
-        rows = active[start : start + micro_batch_size]
+    forwarded = 0
+    for rows in (batch[shard[0] :: shard[1]] for batch in plan):
+        if len(rows) == 0:
+            continue
+        forwarded += len(rows)
         batch_prompts = [prompts[i] for i in rows]
         batch_responses = [responses[i] for i in rows]
         logits, targets, mask = response_logits(model, batch_prompts, batch_responses)
@@ -174,7 +228,7 @@ def accumulate_policy_gradient(
                 sums[key] += value * weight
     maxima = ("loss", "ratio_max", "ratio_min", "log_ratio_abs_max")
     metrics = {k: (v if k in maxima else v / max(tokens_seen, 1.0)) for k, v in sums.items()}
-    metrics["active_rows"] = float(len(active))
+    metrics["active_rows"] = float(forwarded)
     return metrics
 
 
