@@ -222,7 +222,7 @@ def vllm_engine(policy):
 
 @pytest.mark.vllm
 @pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed")
-def test_vllm_logprobs_match_the_training_model_then_follow_weight_updates(policy, prompts, vllm_engine):
+def test_vllm_logprobs_match_the_training_model_then_follow_weight_updates(policy, prompts, vllm_engine, capfd):
     model, tokenizer = policy
     for sampling in (SamplingParams(1.0, 1.0, 12), SamplingParams(0.7, 1.0, 12)):
         completions = vllm_engine.generate(prompts, 3, sampling)
@@ -236,7 +236,10 @@ def test_vllm_logprobs_match_the_training_model_then_follow_weight_updates(polic
 
     # Weight sync: after update_weights the engine samples from (and scores under) the new weights.
     new_model = perturbed(model, seed=1)
+    capfd.readouterr()
     vllm_engine.update_weights(new_model)
+    noise = "".join(capfd.readouterr())  # a sync prints nothing between the iteration tables
+    assert "Loading safetensors" not in noise and "Failed to load weights" not in noise, noise
     completions = vllm_engine.generate(prompts, 3, SamplingParams(1.0, 1.0, 12))
     assert max_logprob_gap(new_model, prompts, completions, 1.0) < TOLERANCE
     assert max_logprob_gap(model, prompts, completions, 1.0) > 1e-2

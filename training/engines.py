@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import logging
 import os
 import shutil
 import tempfile
@@ -179,6 +180,14 @@ class HFEngine:
         ]
 
 
+class _RotaryReloadWarning(logging.Filter):
+    """Drops vllm's "RotaryEmbedding: Failed to load weights" on every weight reload: the rotary
+    cos/sin cache is computed, never stored in a checkpoint, and vllm puts it back unchanged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "RotaryEmbedding: Failed to load weights" not in record.getMessage()
+
+
 class VLLMEngine:
     """An in-process ``vllm.LLM`` serving a copy of the policy's weights."""
 
@@ -200,6 +209,9 @@ class VLLMEngine:
             os.environ.setdefault("OMP_NUM_THREADS", "1")
         from vllm import LLM
 
+        reload_logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+        if not any(isinstance(f, _RotaryReloadWarning) for f in reload_logger.filters):
+            reload_logger.addFilter(_RotaryReloadWarning())
         self.stop_ids = stop_token_ids(model, tokenizer)
         self._model_dir = tempfile.mkdtemp(prefix="agent-rl-vllm-")
         write_untied_checkpoint(model, self._model_dir)
@@ -215,6 +227,7 @@ class VLLMEngine:
             generation_config="vllm",  # ignore the checkpoint's sampling defaults: SamplingParams rules
             enable_prefix_caching=enable_prefix_caching,
             enforce_eager=enforce_eager,
+            use_tqdm_on_load=False,  # no progress bar per weight sync between the iteration tables
         )
 
     def generate(
