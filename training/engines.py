@@ -307,12 +307,14 @@ def make_engine(kind: str, model: torch.nn.Module, tokenizer, **kwargs) -> HFEng
     raise ValueError(f"unknown engine {kind!r}; choose auto, hf or vllm")
 
 
-def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
-    """Length of the longest prefix that every row of ``rows`` starts with."""
-    width = min((len(r) for r in rows), default=0)
-    if width == 0:
+def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
+    """Tokens at the start of every prompt that ``response_logits`` forwards once for the batch: their
+    longest common prefix, short of the shortest prompt's last token (whose logits predict its
+    response); 0 for a single prompt."""
+    if len(prompts) < 2:
         return 0
-    matrix = np.array([r[:width] for r in rows])
+    width = min(len(p) for p in prompts) - 1
+    matrix = np.array([p[:width] for p in prompts]).reshape(len(prompts), width)
     differs = (matrix != matrix[0]).any(axis=0)
     return int(differs.argmax()) if differs.any() else width
 
@@ -346,10 +348,7 @@ def response_logits(
         raise ValueError("every prompt needs at least one token")
     device = next(model.parameters()).device
     batch = len(prompt_ids_list)
-    shared = 0
-    if batch > 1 and _shares_prefixes(model):
-        # At most all but one token of the shortest prompt: that token's logits predict its response.
-        shared = min(common_prefix_length(prompt_ids_list), min(len(p) for p in prompt_ids_list) - 1)
+    shared = shared_prefix_length(prompt_ids_list) if _shares_prefixes(model) else 0
     suffixes = [p[shared:] for p in prompt_ids_list]
     prompt_width = max(len(p) for p in suffixes)
     response_width = max((len(r) for r in response_ids_list), default=0)

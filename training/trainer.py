@@ -42,7 +42,7 @@ from training.distributed import (
     init_distributed,
     shutdown_distributed,
 )
-from training.engines import make_engine, response_logits, sequence_logprobs, vllm_available
+from training.engines import make_engine, response_logits, sequence_logprobs, shared_prefix_length, vllm_available
 from training.logger import RunLogger
 from training.policy import load_policy
 from training.rollout import SEED_HIGH, collect_rollouts, draw_seeds, evaluate
@@ -103,16 +103,13 @@ def _pad(rows: list[np.ndarray], width: int, device: torch.device) -> torch.Tens
     return out.to(device)
 
 
-def _forwarded_tokens(batches: list[np.ndarray], prompt_matrix: np.ndarray, prompt_lengths: np.ndarray,
+def _forwarded_tokens(batches: list[np.ndarray], prompts: list[np.ndarray], prompt_lengths: np.ndarray,
                       response_lengths: np.ndarray) -> int:
     """Tokens ``response_logits`` forwards for ``batches``: the shared prefix once, then every row
     padded to the batch's longest rest of prompt and longest response."""
     total = 0
     for batch in batches:
-        shared = 0
-        if len(batch) > 1:
-            same = (prompt_matrix[batch] == prompt_matrix[batch[0]]).all(axis=0)
-            shared = min(int(np.cumprod(same).sum()), int(prompt_lengths[batch].min()) - 1)
+        shared = shared_prefix_length([prompts[i] for i in batch])
         rest = int(prompt_lengths[batch].max()) - shared + int(response_lengths[batch].max())
         total += shared + len(batch) * rest
     return total
@@ -130,10 +127,11 @@ def plan_micro_batches(prompts: list[np.ndarray], responses: list[np.ndarray], r
     rows = np.asarray(rows, dtype=np.int64)
     if len(rows) <= 1:
         return [rows] if len(rows) else []
-    prompt_lengths = np.array([len(prompts[i]) for i in rows])
+    selected = [prompts[i] for i in rows]
+    prompt_lengths = np.array([len(p) for p in selected])
     response_lengths = np.array([len(responses[i]) for i in rows])
     prompt_matrix = np.full((len(rows), int(prompt_lengths.max())), -1, dtype=np.int64)  # -1: past the end
-    prompt_matrix[np.arange(prompt_matrix.shape[1]) < prompt_lengths[:, None]] = np.concatenate([prompts[i] for i in rows])
+    prompt_matrix[np.arange(prompt_matrix.shape[1]) < prompt_lengths[:, None]] = np.concatenate(selected)
     total_lengths = prompt_lengths + response_lengths
 
     by_length = np.argsort(total_lengths, kind="stable")
@@ -151,7 +149,7 @@ def plan_micro_batches(prompts: list[np.ndarray], responses: list[np.ndarray], r
     rank_in_cluster = np.arange(len(rows)) - np.repeat(np.cumsum(cluster_sizes) - cluster_sizes, cluster_sizes)
     cluster_plan = np.split(by_cluster, np.flatnonzero(rank_in_cluster % size == 0)[1:])
 
-    costs = [_forwarded_tokens(plan, prompt_matrix, prompt_lengths, response_lengths) for plan in (length_plan, cluster_plan)]
+    costs = [_forwarded_tokens(plan, selected, prompt_lengths, response_lengths) for plan in (length_plan, cluster_plan)]
     return [rows[batch] for batch in (length_plan, cluster_plan)[int(np.argmin(costs))]]
 
 
