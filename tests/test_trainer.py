@@ -350,10 +350,11 @@ def test_cli_reports_bad_config_in_one_line(capsys):
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_short_run_with_vllm(tmp_path):
+@pytest.mark.parametrize("algo", ["grpo", "gigpo"])
+def test_short_run_with_vllm(tmp_path, algo):
     pytest.importorskip("vllm")
     run_dir = tmp_path / "vllm"
-    summary = train(load_config(overrides=tiny_overrides(run_dir, "engine=vllm", "algo=gigpo")))
+    summary = train(load_config(overrides=tiny_overrides(run_dir, "engine=vllm", f"algo={algo}")))
     assert summary["iterations"] == 2
     assert [r["iteration"] for r in read_metrics(run_dir)] == [0, 1, 2]
 
