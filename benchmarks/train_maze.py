@@ -21,6 +21,12 @@ from benchmarks.common import machine_info, write_result
 PHASES = ("rollout", "advantage", "update", "sync", "eval")
 
 
+def rollout_success_curve(records: list[dict]) -> list[dict[str, float]]:
+    """Success of each iteration's sampled training rollouts (greedy evaluation is ``eval_curve``)."""
+    return [{"iteration": r["iteration"], "sampled_success": r["rollout/success_rate"]}
+            for r in records if r.get("rollout/success_rate") is not None]
+
+
 def main(overrides: list[str]) -> dict[str, object]:
     from agent_rl.config import config_to_dict, load_config
     from training.logger import read_metrics
@@ -55,6 +61,7 @@ def main(overrides: list[str]) -> dict[str, object]:
         "best_greedy_success": summary["best_greedy_success"],
         "iterations_run": summary["iterations"],
         "eval_curve": evals,
+        "rollout_success_curve": rollout_success_curve(records),
         "phase_seconds": {"sft_and_setup": sft_seconds, **phase_totals},
         "phase_fraction": {p: v / max(wall, 1e-9) for p, v in {"sft_and_setup": sft_seconds, **phase_totals}.items()},
         "run_dir": str(run_dir),
