@@ -41,10 +41,13 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
-def best_of(fn: Callable[[], Any], repeats: int) -> float:
-    """Best wall time of ``repeats`` calls, in seconds (the least disturbed run)."""
+def best_of(fn: Callable[[], Any], repeats: int, setup: Callable[[], Any] | None = None) -> float:
+    """Best wall time of ``repeats`` calls, in seconds (the least disturbed run); ``setup`` runs
+    untimed before each call."""
     best = float("inf")
     for _ in range(repeats):
+        if setup is not None:
+            setup()
         start = time.perf_counter()
         fn()
         best = min(best, time.perf_counter() - start)

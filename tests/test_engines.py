@@ -249,3 +249,30 @@ def test_vllm_logprobs_match_the_training_model_then_follow_weight_updates(polic
     # ... and back: syncing the original weights restores the original behaviour (prefix cache reset).
     vllm_engine.update_weights(model)
     assert [g[0].token_ids for g in vllm_engine.generate(prompts, 1, greedy)] == [g[0].token_ids for g in hf_greedy]
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed")
+def test_vllm_sends_identical_prompts_as_one_request(policy, prompts, vllm_engine, monkeypatch):
+    model, tokenizer = policy
+    repeated = [prompts[0], prompts[1], prompts[0], prompts[2], prompts[0]]
+    sent = []
+    generate = vllm_engine.llm.generate
+
+    def spy(requests, params, **kwargs):
+        sent.append([(r["prompt_token_ids"], p.n) for r, p in zip(requests, params)])
+        return generate(requests, params, **kwargs)
+
+    monkeypatch.setattr(vllm_engine.llm, "generate", spy)
+    completions = vllm_engine.generate(repeated, 2, SamplingParams(1.0, 1.0, 12))
+    assert sent[-1] == [(prompts[0], 6), (prompts[1], 2), (prompts[2], 2)]
+    check_shapes(completions, len(repeated), 2, 12, vllm_engine.stop_ids)
+    # Each prompt's completions are scored under that prompt: results come back in request order.
+    assert max_logprob_gap(model, repeated, completions, 1.0) < TOLERANCE
+
+    greedy = SamplingParams(max_new_tokens=8, greedy=True)
+    vllm_greedy = vllm_engine.generate(repeated, 2, greedy)
+    assert sent[-1] == [(prompts[0], 1), (prompts[1], 1), (prompts[2], 1)]
+    expected = [g[0].token_ids for g in HFEngine(model, tokenizer).generate(repeated, 1, greedy)]
+    assert [[c.token_ids for c in g] for g in vllm_greedy] == [[t, t] for t in expected]
+    assert vllm_greedy[0][0] is not vllm_greedy[0][1]  # copies, not one shared object

@@ -236,27 +236,41 @@ class VLLMEngine:
         from vllm import SamplingParams as VSamplingParams
 
         _check_request(prompts_token_ids, n)
-        # vllm refuses n > 1 for greedy decoding; the n greedy completions are identical anyway.
-        samples, copies = (1, n) if sampling.greedy else (n, 1)
-        params = VSamplingParams(
-            n=samples,
-            temperature=0.0 if sampling.greedy else sampling.temperature,
-            top_p=1.0 if sampling.greedy else sampling.top_p,
-            max_tokens=sampling.max_new_tokens,
-            stop_token_ids=self.stop_ids,
-            logprobs=0,  # just the sampled token's logprob
-            detokenize=False,
-        )
-        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts_token_ids], params, use_tqdm=False)
-        result = []
-        for output in outputs:
-            group = []
+        # Identical prompts (a GRPO group starts from one state) become one request with n * count
+        # samples: vllm prefills such a prompt once and forks the samples from its KV cache.
+        requests: dict[tuple[int, ...], list[int]] = {}
+        for index, prompt in enumerate(prompts_token_ids):
+            requests.setdefault(tuple(prompt), []).append(index)
+        # vllm refuses n > 1 for greedy decoding; the greedy completions are identical anyway.
+        samples = [1 if sampling.greedy else n * len(indices) for indices in requests.values()]
+        params = [
+            VSamplingParams(
+                n=count,
+                temperature=0.0 if sampling.greedy else sampling.temperature,
+                top_p=1.0 if sampling.greedy else sampling.top_p,
+                max_tokens=sampling.max_new_tokens,
+                stop_token_ids=self.stop_ids,
+                logprobs=0,  # just the sampled token's logprob
+                detokenize=False,
+            )
+            for count in samples
+        ]
+        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in requests], params, use_tqdm=False)
+        result: list[list[Completion]] = [[] for _ in prompts_token_ids]
+        for output, indices in zip(outputs, requests.values()):
+            completions = []
             for c in output.outputs:
                 if c.finish_reason not in FINISH_REASONS:
                     raise RuntimeError(f"vllm request ended with finish reason {c.finish_reason!r}")
                 logprobs = [step[token].logprob for step, token in zip(c.logprobs, c.token_ids)]
-                group += [Completion(list(c.token_ids), list(logprobs), c.finish_reason) for _ in range(copies)]
-            result.append(group)
+                completions.append(Completion(list(c.token_ids), list(logprobs), c.finish_reason))
+            if sampling.greedy:  # the one greedy completion stands for every copy asked for
+                (only,) = completions
+                completions = [
+                    Completion(list(only.token_ids), list(only.logprobs), only.finish_reason) for _ in range(n * len(indices))
+                ]
+            for k, index in enumerate(indices):
+                result[index] = completions[k * n : (k + 1) * n]
         return result
 
     def update_weights(self, model: torch.nn.Module) -> None:
