@@ -198,6 +198,9 @@ class SFTConfig:
     """(prompt, response) pairs per step."""
     episodes: int = 400
     """Episodes played to build the demonstration set (distinct seeds)."""
+    perturb: float = 0.0
+    """oracle mode: probability that a demonstration turn plays a random action instead (not cloned;
+    the oracle plans again from there), so the clone learns to recover from detours and errors."""
 
 
 @dataclass
@@ -553,6 +556,7 @@ def validate(config: Config) -> None:
     _require(sft.lr > 0, "sft.lr", "must be > 0")
     _require(sft.batch_size >= 1, "sft.batch_size", "must be >= 1")
     _require(sft.episodes >= 1, "sft.episodes", "must be >= 1")
+    _require(0.0 <= sft.perturb < 1.0, "sft.perturb", "must be in [0, 1)")
     trainer = config.trainer
     _require(trainer.iterations >= 0, "trainer.iterations", "must be >= 0")
     _require(trainer.eval_every >= 0, "trainer.eval_every", "must be >= 0")

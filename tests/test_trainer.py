@@ -320,6 +320,48 @@ def test_warm_start_names_what_the_environment_lacks(mode, message):
         )
 
 
+def _counter_demonstrations(perturb: float, episodes: int = 20):
+    import re
+
+    import user_env_example  # noqa: F401  (registers usertest/Counter-v0)
+    from training.policy import load_policy
+    from training.sft import collect_demonstrations
+
+    _, tokenizer = load_policy("embedded")
+    env = gym.make("usertest/Counter-v0", max_target=5, max_steps=40)
+    demos = collect_demonstrations(
+        env, tokenizer, mode="oracle", episodes=episodes, seeds=np.arange(episodes), rng=np.random.default_rng(0),
+        max_turns=40, history_turns=40, parser="first_line", max_prompt_tokens=2048, perturb=perturb,
+    )
+    pairs = []
+    for prompt, response in zip(demos.prompts, demos.responses):
+        text = tokenizer.decode(prompt, skip_special_tokens=True)
+        target = int(re.search(r"equal (\d+)", text).group(1))
+        value = int(re.search(r"\[Current observation\]\s*The counter shows (-?\d+)", text).group(1))
+        history = re.findall(r"\[Action \d+\]\s*(\w+)", text)
+        pairs.append((target, value, history, tokenizer.decode(response, skip_special_tokens=True)))
+    return demos, pairs
+
+
+def test_oracle_demonstrations_clone_the_plan():
+    demos, pairs = _counter_demonstrations(perturb=0.0)
+    assert demos.successes == demos.episodes
+    assert all(action == "inc" and history == ["inc"] * value for _, value, history, action in pairs)
+    # One pair per step of each episode's plan: 0 -> target.
+    assert len(pairs) == sum(target for target, value, _, _ in pairs if value == 0)
+
+
+def test_perturbed_demonstrations_clone_the_oracle_from_where_a_random_action_led():
+    demos, pairs = _counter_demonstrations(perturb=0.4)
+    assert demos.successes == demos.episodes
+    # Every cloned action is the oracle's from the state shown, even after detours ...
+    assert all(action == ("inc" if value < target else "dec") for target, value, _, action in pairs)
+    # ... and the histories hold random actions that were played but not cloned.
+    assert any("dec" in history for _, _, history, _ in pairs)
+    with pytest.raises(ValueError, match="perturb must be in"):
+        _counter_demonstrations(perturb=1.0, episodes=1)
+
+
 @pytest.mark.slow
 def test_user_registered_env_trains_through_the_cli(tmp_path):
     run_dir = tmp_path / "counter"

@@ -57,13 +57,24 @@ def collect_demonstrations(
     show_admissible: bool = True,
     history_observations: bool = True,
     system_prompt: str | None = None,
+    perturb: float = 0.0,
 ) -> Demonstrations:
     """Play ``episodes`` episodes (one per seed) choosing random admissible or oracle actions and
-    record one (prompt, response) pair per turn."""
+    record one (prompt, response) pair per turn.
+
+    ``perturb`` (oracle mode) is the probability that a turn plays a random action instead: a random
+    admissible action or a random step of the current plan, which is often invalid where it is
+    played. That turn is not cloned; the oracle plans again from where it led, so the clone also sees
+    histories with detours and errors, and how to recover from them (noise injection, as in DART).
+    Without it, a clone that once errs finds itself in a prompt no demonstration showed and tends to
+    repeat the error.
+    """
     from envs import has_oracle, oracle_actions
 
     if mode not in ("random", "oracle"):
         raise ValueError(f"SFT mode must be 'random' or 'oracle', got {mode!r}")
+    if not 0.0 <= perturb < 1.0:
+        raise ValueError(f"perturb must be in [0, 1), got {perturb}")
     if len(seeds) < episodes:
         raise ValueError(f"need {episodes} seeds, got {len(seeds)}")
     if mode == "oracle" and not has_oracle(env):
@@ -80,12 +91,21 @@ def collect_demonstrations(
         task = info.get("task", "")
         plan = oracle_actions(env) if mode == "oracle" else []
         history: list[Turn] = []
-        for turn in range(max_turns):
+        for _ in range(max_turns):
             admissible = info.get("admissible_actions")
             if mode == "oracle":
-                if turn >= len(plan):
+                if not plan:  # won, or no winning plan is left from here
                     break
-                action = plan[turn]
+                if perturb and rng.random() < perturb:
+                    candidates = [*(admissible or []), *plan]
+                    action = candidates[int(rng.integers(len(candidates)))]
+                    history.append(Turn(observation, action))
+                    observation, _, terminated, truncated, info = env.step(action)
+                    if terminated or truncated:
+                        break
+                    plan = oracle_actions(env)
+                    continue
+                action = plan.pop(0)
             else:
                 if not admissible:
                     raise ValueError("sft.mode=random needs an environment with info['admissible_actions']")

@@ -420,6 +420,7 @@ class Trainer:
             history_turns=cfg.rollout.history_turns, parser=cfg.rollout.parser,
             max_prompt_tokens=cfg.rollout.max_prompt_tokens, show_admissible=cfg.rollout.show_admissible_actions,
             history_observations=cfg.rollout.history_observations, system_prompt=cfg.rollout.system_prompt,
+            perturb=cfg.sft.perturb,
         )
         env.close()
         metrics = train_supervised(
