@@ -81,13 +81,10 @@ def measure_engine(engine, model, tokenizer, workloads: dict[str, list[list[int]
                    repeats: int) -> dict:
     sampling = SamplingParams(temperature=1.0, max_new_tokens=config.max_new_tokens)
     generate = {name: measure_generate(engine, prompts, sampling, repeats) for name, prompts in workloads.items()}
-    rollout_stats = []
-
-    def rollout_once():
-        rollout_stats.append(collect_rollouts(ENV_ID, {}, engine, tokenizer, config, np.random.default_rng(0))[1])
-
-    best_of(rollout_once, ROLLOUT_REPEATS)
-    stats = max(rollout_stats, key=lambda s: s["turns_per_s"])
+    stats = max(
+        (collect_rollouts(ENV_ID, {}, engine, tokenizer, config, np.random.default_rng(0))[1] for _ in range(ROLLOUT_REPEATS)),
+        key=lambda s: s["turns_per_s"],
+    )
     perturbed = {name: p.detach() + 1e-3 * torch.randn_like(p) for name, p in model.state_dict().items()}
     original = {name: p.detach().clone() for name, p in model.state_dict().items()}
     sync = []

@@ -241,11 +241,10 @@ class VLLMEngine:
         requests: dict[tuple[int, ...], list[int]] = {}
         for index, prompt in enumerate(prompts_token_ids):
             requests.setdefault(tuple(prompt), []).append(index)
-        # vllm refuses n > 1 for greedy decoding; the greedy completions are identical anyway.
-        samples = [1 if sampling.greedy else n * len(indices) for indices in requests.values()]
         params = [
             VSamplingParams(
-                n=count,
+                # vllm refuses n > 1 for greedy decoding; the greedy completions are identical anyway.
+                n=1 if sampling.greedy else n * len(indices),
                 temperature=0.0 if sampling.greedy else sampling.temperature,
                 top_p=1.0 if sampling.greedy else sampling.top_p,
                 max_tokens=sampling.max_new_tokens,
@@ -253,7 +252,7 @@ class VLLMEngine:
                 logprobs=0,  # just the sampled token's logprob
                 detokenize=False,
             )
-            for count in samples
+            for indices in requests.values()
         ]
         outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in requests], params, use_tqdm=False)
         result: list[list[Completion]] = [[] for _ in prompts_token_ids]
