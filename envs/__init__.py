@@ -1,25 +1,30 @@
 """Bundled Gymnasium text environments, their registration, oracles and the text-env checker.
 
 Importing ``envs`` registers ``agent_rl/Maze-v0``, ``agent_rl/Sokoban-v0``, ``agent_rl/TextWorld-v0``
-and ``agent_rl/MiniCode-v0`` (plus every ``agent_rl.envs`` entry-point plugin) with Gymnasium.
+and ``agent_rl/MiniCode-v0``, the third-party suites whose extras are installed
+(``agent_rl/ScienceWorld-v0``, ``textarena/<game>``) and every ``agent_rl.envs`` entry-point plugin
+with Gymnasium.
 """
 
 from envs.base import TextEnv, Transition, normalize_action
 from envs.checker import CheckReport, TextEnvCheckError, check_text_env
 from envs.oracle import has_oracle, oracle_actions
 from envs.registration import (
+    EnvUnavailableError,
     TextEnvSpec,
     import_modules,
     load_plugins,
     register_text_env,
     text_env_spec,
     text_env_specs,
+    unavailable_envs,
 )
 
 load_plugins()
 
 __all__ = [
     "CheckReport",
+    "EnvUnavailableError",
     "TextEnvCheckError",
     "check_text_env",
     "has_oracle",
@@ -33,4 +38,5 @@ __all__ = [
     "register_text_env",
     "text_env_spec",
     "text_env_specs",
+    "unavailable_envs",
 ]

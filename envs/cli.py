@@ -10,7 +10,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from envs.registration import import_modules, text_env_specs
+from envs.registration import EnvUnavailableError, import_modules, text_env_specs, unavailable_envs
 
 QUIT_COMMAND = ":quit"
 
@@ -28,7 +28,16 @@ def list_envs(imports: list[str] | tuple[str, ...] = ()) -> int:
     table.add_column("description")
     for spec in text_env_specs().values():
         table.add_row(spec.id, spec.default_anchor, spec.description)
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    left_out = unavailable_envs()
+    if left_out:
+        missing = Table(title="Not available here")
+        missing.add_column("id", overflow="fold")
+        missing.add_column("why / how to get it")
+        for env_id, reason in left_out.items():
+            missing.add_row(env_id, reason)
+        console.print(missing)
     return 0
 
 
@@ -60,11 +69,13 @@ def play(
         return 2
     specs = text_env_specs()
     if env_id not in specs:
-        errors.print(f"unknown text environment {env_id!r}; registered: {', '.join(specs)}", style="red", markup=False)
+        reason = unavailable_envs().get(env_id)
+        message = f"{env_id} is not available here: {reason}" if reason else f"unknown text environment {env_id!r}; registered: {', '.join(specs)}"
+        errors.print(message, style="red", markup=False)
         return 2
     try:
         env = gym.make(env_id, **parse_env_kwargs(env_kwargs))
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, EnvUnavailableError) as exc:
         errors.print(f"cannot create {env_id}: {exc}", style="red", markup=False)
         return 2
     observation, info = env.reset(seed=seed)

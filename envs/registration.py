@@ -8,6 +8,7 @@ the ``agent_rl.envs`` entry-point group; :func:`load_plugins` calls them all onc
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Callable
@@ -26,7 +27,13 @@ class TextEnvSpec:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
+class EnvUnavailableError(RuntimeError):
+    """An environment cannot run on this machine (a missing system dependency or data); the message
+    says what is missing and how to get it."""
+
+
 _TEXT_ENVS: dict[str, TextEnvSpec] = {}
+_UNAVAILABLE: dict[str, str] = {}
 _plugins_loaded = False
 
 
@@ -79,6 +86,34 @@ def register_bundled() -> None:
         description="Write a tiny stack-language program that passes hidden tests; compiler-style feedback.",
         default_anchor="fingerprint",
     )
+    register_suites()
+
+
+def register_suites() -> None:
+    """Register the third-party suites whose extras are installed; record the others as unavailable.
+
+    They are registered with their classes rather than ``"module:Class"`` strings: the embedded
+    policy's tokenizer corpus (``training.policy.covered_envs``) takes the environments registered by
+    ``envs.`` module path, and these suites need Java or a multi-second import, and would change it.
+    """
+    if importlib.util.find_spec("scienceworld") is not None:
+        from envs.scienceworld_env import ScienceWorldEnv
+
+        register_text_env(
+            f"{NAMESPACE}/ScienceWorld-v0",
+            ScienceWorldEnv,
+            description="ScienceWorld's 30 science tasks (boil, grow a plant, build a circuit, ...) in its Java "
+            "simulator; train/dev/test variations; gold-path oracle.",
+            default_anchor="state",
+        )
+    else:
+        _UNAVAILABLE[f"{NAMESPACE}/ScienceWorld-v0"] = "pip install 'agent-rl[scienceworld]' (it also needs Java)"
+    if importlib.util.find_spec("textarena") is not None:
+        from envs.textarena_env import register_textarena
+
+        _UNAVAILABLE.update(register_textarena())
+    else:
+        _UNAVAILABLE["textarena/*"] = "pip install 'agent-rl[textarena]'"
 
 
 def load_plugins() -> None:
@@ -110,6 +145,13 @@ def text_env_specs() -> dict[str, TextEnvSpec]:
     """All registered text environments, bundled and plugins, by id."""
     load_plugins()
     return dict(sorted(_TEXT_ENVS.items()))
+
+
+def unavailable_envs() -> dict[str, str]:
+    """Ids (or id groups) that are not registered here, or registered only to explain why they cannot
+    run, with the reason and the way to get them."""
+    load_plugins()
+    return dict(sorted(_UNAVAILABLE.items()))
 
 
 def text_env_spec(env_id: str) -> TextEnvSpec:
