@@ -31,6 +31,7 @@ from agent_rl.batch import StepBatch
 from agent_rl.config import Config, config_to_dict, save_config
 from agent_rl.losses import policy_loss
 from anchors import compute_anchor_keys
+from envs import EVAL_SEED_BASE
 from training import checkpoint
 from training.distributed import (
     all_reduce_gradients,
@@ -46,9 +47,7 @@ from training.policy import load_policy
 from training.rollout import SEED_HIGH, collect_rollouts, draw_seeds, evaluate
 from training.sft import collect_demonstrations, train_supervised
 
-EVAL_SEED_BASE = 2**31
-"""First held-out evaluation seed; training seeds are drawn below ``SEED_HIGH``."""
-assert EVAL_SEED_BASE > SEED_HIGH
+assert EVAL_SEED_BASE > SEED_HIGH  # training seeds are drawn below SEED_HIGH
 
 RESUME_MAY_CHANGE = ("trainer.iterations", "trainer.run_dir", "trainer.target_success", "trainer.confirm_episodes", "trainer.torch_threads", "logging", "engine", "scale")
 """Config keys a resumed run may change; any other difference refuses the checkpoint."""
