@@ -1,4 +1,5 @@
-"""Advantage estimators: trajectory-level (GRPO, Dr.GRPO, RLOO) and GiGPO step-level credit.
+"""Advantage estimators: trajectory-level (GRPO, Dr.GRPO, RLOO) and GiGPO step-level credit, and
+:func:`compute_advantages`, the one pipeline that combines them for a ``StepBatch``.
 
 Numpy in, numpy out (float64), one value per StepBatch row. Everything is vectorized with
 ``dense_ids`` + ``np.bincount``; no Python loop visits rows.
@@ -12,11 +13,16 @@ Conventions (DESIGN "Advantages"):
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from agent_rl.grouping import dense_ids, rows_by_group
+from agent_rl.batch import StepBatch
+from agent_rl.grouping import GroupStats, dense_ids, group_steps, rows_by_group
+
+if TYPE_CHECKING:
+    from agent_rl.config import AlgorithmConfig
 
 EpisodeMode = Literal["grpo", "drgrpo", "rloo"]
 EpisodeStats = Literal["trajectory", "step"]
@@ -172,8 +178,7 @@ def step_advantages(
     eps: float = 1e-6,
 ) -> np.ndarray:
     """GiGPO step-level advantages: normalize ``step_returns`` within anchor groups
-    {same group_id, same anchor key}. Keys may be str or integers; ``anchors.group_steps`` ids work
-    as keys too. A singleton anchor group gets 0."""
+    {same group_id, same anchor key}. Keys may be str or integers. A singleton anchor group gets 0."""
     step_returns = _float_column("step_returns", step_returns)
     n = len(step_returns)
     group_ids = _id_column("group_ids", group_ids, n)
@@ -181,37 +186,82 @@ def step_advantages(
     _choice("normalize", normalize, STEP_NORMALIZE)
     if n == 0:
         return np.zeros(0)
-    codes, n_anchor_groups = dense_ids(group_ids, anchor_keys)
-    _, _, _, std, centered = _member_stats(step_returns, codes, n_anchor_groups)
+    step_groups, n_step_groups = dense_ids(group_ids, anchor_keys)
+    return _normalize_within(step_returns, step_groups, n_step_groups, normalize, eps)
+
+
+def _normalize_within(values: np.ndarray, codes: np.ndarray, n_groups: int, normalize: str, eps: float) -> np.ndarray:
+    _, _, _, std, centered = _member_stats(values, codes, n_groups)
     # A singleton's mean is its own value, so it is centered to exactly 0.
     if normalize == "mean_std":
         centered /= (std + eps)[codes]
     return centered
 
 
-def gigpo_advantages(
-    episode_returns: np.ndarray,
-    step_returns: np.ndarray,
-    group_ids: np.ndarray,
-    traj_ids: np.ndarray,
-    anchor_keys: np.ndarray,
-    *,
-    step_weight: float = 1.0,
-    normalize: StepNormalize = "mean_std",
-    episode_stats: EpisodeStats = "trajectory",
-    eps: float = 1e-6,
-) -> np.ndarray:
-    """GiGPO: episode advantage + ``step_weight`` * step advantage.
+# ---- the credit pipeline ---------------------------------------------------------------------------
 
-    ``normalize`` applies at both levels: ``mean_std`` is the grpo form at the episode level,
-    ``mean`` the drgrpo form.
+
+@dataclass(frozen=True)
+class Credit:
+    """What :func:`compute_advantages` assigns to each row of a batch, and why."""
+
+    advantages: np.ndarray
+    """The advantage the learner uses: ``episode + step_weight * step - invalid_penalty * invalid``."""
+    episode: np.ndarray
+    """Trajectory-level part (Eq. 3): the trajectory's total reward against its group."""
+    step: np.ndarray
+    """Step-level part (Eq. 7): the step's discounted return against its anchor group; 0 without
+    step credit and for singleton anchor groups."""
+    step_groups: np.ndarray | None
+    """Dense anchor-group id of every row (Eq. 6); None when the batch has no anchor keys."""
+    group_stats: GroupStats | None
+    """Sizes of the anchor groups; None when the batch has no anchor keys."""
+
+    def metrics(self) -> dict[str, float]:
+        """Scalars for the run log."""
+        metrics = {
+            "advantage/abs_mean": float(np.abs(self.advantages).mean()) if len(self.advantages) else 0.0,
+            "advantage/zero_fraction": float(np.mean(self.advantages == 0)) if len(self.advantages) else 0.0,
+            "advantage/step_abs_mean": float(np.abs(self.step).mean()) if len(self.step) else 0.0,
+        }
+        if self.group_stats is not None:
+            metrics["anchors/mean_group_size"] = self.group_stats.mean_size
+            metrics["anchors/max_group_size"] = float(self.group_stats.max_size)
+            metrics["anchors/grouped_fraction"] = self.group_stats.frac_rows_in_groups_ge2
+        return metrics
+
+
+def compute_advantages(batch: StepBatch, algo: AlgorithmConfig) -> Credit:
+    """One advantage per row of ``batch`` for the algorithm ``algo`` (presets resolved), as in the
+    GiGPO paper:
+
+    - Eq. 3, episode: each trajectory's total reward R against its group (same seed), with the
+      preset's estimator (``grpo``, ``drgrpo`` or ``rloo``, see :func:`episode_advantages`).
+    - Eq. 6, anchor groups: rows of one group that share ``batch.anchor_key``.
+    - Eq. 7, step: each row's discounted return-to-go against its anchor group
+      (:func:`step_advantages`, ``mean`` or ``mean_std``); only with step credit.
+    - Eq. 8: ``A = A_episode + step_weight * A_step``.
+
+    ``algo.invalid_penalty`` is then charged to each row whose action was invalid, on that row
+    alone: it is not discounted into earlier steps and enters no group statistic, so no std can
+    scale it up. Anchor groups are built once; their statistics are reported with or without step
+    credit. ``batch.anchor_key`` must be set when step credit is on.
     """
-    _choice("normalize", normalize, STEP_NORMALIZE)
-    if not np.isfinite(step_weight):
-        raise ValueError(f"step_weight must be finite, got {step_weight}")
-    episode_mode = "grpo" if normalize == "mean_std" else "drgrpo"
+    parts = algo.resolved()
+    n = len(batch)
+    traj_code, _ = dense_ids(batch.traj_id)
+    episode_return = np.bincount(traj_code, weights=batch.reward)[traj_code] if n else np.zeros(0)
     episode = episode_advantages(
-        episode_returns, group_ids, traj_ids, mode=episode_mode, stats=episode_stats, eps=eps
+        episode_return, batch.group_id, batch.traj_id, mode=parts["advantage"], stats=algo.episode_stats, eps=algo.eps
     )
-    step = step_advantages(step_returns, group_ids, anchor_keys, normalize=normalize, eps=eps)
-    return episode + step_weight * step
+    step = np.zeros(n)
+    step_groups = group_stats_ = None
+    if batch.anchor_key is not None:
+        step_groups, group_stats_ = group_steps(batch.group_id, batch.anchor_key)
+    if parts["step_credit"]:
+        if step_groups is None:
+            raise ValueError("step credit needs StepBatch.anchor_key (see anchors.compute_anchor_keys)")
+        step_returns = discounted_returns(batch.reward, batch.traj_id, algo.gamma)
+        step = _normalize_within(step_returns, step_groups, group_stats_.n_groups, parts["step_normalize"], algo.eps)
+    advantages = episode + algo.step_weight * step - algo.invalid_penalty * ~batch.action_valid
+    return Credit(advantages, episode, step, step_groups, group_stats_)

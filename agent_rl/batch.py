@@ -107,6 +107,36 @@ class StepBatch:
             if np.any(same_traj & (np.diff(self.t[order]) <= 0)):
                 raise ValueError("StepBatch rows of a trajectory are not in strictly increasing time order")
 
+    @classmethod
+    def for_credit(
+        cls,
+        group_id: Sequence[int] | np.ndarray,
+        traj_id: Sequence[int] | np.ndarray,
+        reward: Sequence[float] | np.ndarray,
+        anchor_key: Sequence | np.ndarray | None = None,
+        action_valid: Sequence[bool] | np.ndarray | None = None,
+    ) -> "StepBatch":
+        """A batch holding only what credit assignment reads (tabular policies, examples, tests):
+        rows of each trajectory in time order, no tokens and no text. ``action_valid`` defaults to
+        all valid."""
+        from agent_rl.grouping import dense_ids, rows_by_group
+
+        traj_id = np.asarray(traj_id)
+        n = len(traj_id)
+        codes, n_traj = dense_ids(traj_id)
+        order = rows_by_group(codes, n_traj)
+        lengths = np.bincount(codes, minlength=n_traj)
+        t = np.empty(n, dtype=np.int64)
+        t[order] = np.arange(n) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        empty_tokens = [np.zeros(0, dtype=np.int64)] * n
+        return cls(
+            group_id=group_id, traj_id=traj_id, t=t, reward=reward, done=np.zeros(n), truncated=np.zeros(n),
+            action_valid=np.ones(n) if action_valid is None else action_valid, won=np.zeros(n), overlong=np.zeros(n),
+            prompt_ids=empty_tokens, response_ids=empty_tokens, old_logprobs=empty_tokens, observation=[""] * n,
+            error=[None] * n, action=[""] * n, anchor_state=[""] * n,
+            anchor_key=None if anchor_key is None else np.asarray(anchor_key),
+        )
+
     @property
     def response_lengths(self) -> np.ndarray:
         return np.fromiter((len(r) for r in self.response_ids), dtype=np.int64, count=len(self))

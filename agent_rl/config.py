@@ -32,19 +32,23 @@ import yaml
 ANCHOR_KINDS = ("state", "observation", "fingerprint", "similarity")
 
 ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
-    # name: advantage estimator (episode level), loss preset (agent_rl.losses.LOSS_PRESETS), step credit.
-    "grpo": {"advantage": "grpo", "loss": "grpo", "step_credit": False},
-    "drgrpo": {"advantage": "drgrpo", "loss": "drgrpo", "step_credit": False},
-    "dapo": {"advantage": "grpo", "loss": "dapo", "step_credit": False},
-    "gspo": {"advantage": "grpo", "loss": "gspo", "step_credit": False},
-    "rloo": {"advantage": "rloo", "loss": "rloo", "step_credit": False},
-    "cispo": {"advantage": "grpo", "loss": "cispo", "step_credit": False},
-    "gigpo": {"advantage": "grpo", "loss": "grpo", "step_credit": True},
+    # name: episode-level advantage, loss preset (agent_rl.losses.LOSS_PRESETS), GiGPO step credit,
+    # and the step level's normalization when step credit is turned on.
+    "grpo": {"advantage": "grpo", "loss": "grpo", "step_credit": False, "step_normalize": "mean_std"},
+    "drgrpo": {"advantage": "drgrpo", "loss": "drgrpo", "step_credit": False, "step_normalize": "mean"},
+    "dapo": {"advantage": "grpo", "loss": "dapo", "step_credit": False, "step_normalize": "mean_std"},
+    "gspo": {"advantage": "grpo", "loss": "gspo", "step_credit": False, "step_normalize": "mean_std"},
+    "rloo": {"advantage": "rloo", "loss": "rloo", "step_credit": False, "step_normalize": "mean"},
+    "cispo": {"advantage": "grpo", "loss": "cispo", "step_credit": False, "step_normalize": "mean_std"},
+    # GiGPO credit with Dr.GRPO's mean-centred advantages at both levels (no std: a group whose
+    # returns differ by a few small penalties stays small) and GSPO-token's sequence-level ratio.
+    "gigpo": {"advantage": "drgrpo", "loss": "gspo_token", "step_credit": True, "step_normalize": "mean"},
 }
-"""Algorithm presets. Each sets the episode-level advantage, the loss preset and whether GiGPO
-step-level credit is added. ``algo.advantage``, ``algo.loss`` and ``algo.step_credit`` override one
-part, so ``algo=dapo algo.step_credit=true`` is DAPO's loss with GiGPO credit and
-``algo=gigpo algo.loss=gspo`` is GiGPO credit with GSPO's sequence-level ratio."""
+"""Algorithm presets. Each sets the episode-level advantage, the loss preset, whether GiGPO
+step-level credit is added and how step returns are normalized. ``algo.advantage``, ``algo.loss``,
+``algo.step_credit`` and ``algo.step_normalize`` override one part, so ``algo=dapo
+algo.step_credit=true`` is DAPO's loss with GiGPO credit and ``algo=gigpo algo.loss=grpo`` is GiGPO
+credit with GRPO's token-level ratio."""
 
 LOSS_KWARGS = ("ratio_level", "clip_low", "clip_high", "cispo_cap", "loss_agg", "norm_length")
 """Keys ``algo.loss_kwargs`` may override on top of the loss preset (``agent_rl.losses.policy_loss``)."""
@@ -125,8 +129,12 @@ class AlgorithmConfig:
     """Discount of the step-level return-to-go used by GiGPO step advantages."""
     step_weight: float = 1.0
     """Weight omega of the step-level advantage: A = A_episode + omega * A_step."""
-    step_normalize: Literal["mean_std", "mean"] = "mean_std"
-    """Step-level normalization within an anchor group: (R-mean)/(std+eps) or R-mean."""
+    step_normalize: Literal["mean_std", "mean"] | None = None
+    """Step-level normalization within an anchor group: (R-mean)/(std+eps) or R-mean; None = preset."""
+    invalid_penalty: float = 0.0
+    """Subtracted from the advantage of each step whose action was invalid, on that step alone (not
+    discounted into earlier steps, outside every group statistic); 0 disables it. Unlike the
+    environments' ``invalid_action_penalty`` reward, it never changes a trajectory's return."""
     eps: float = 1e-6
     """Added to the std in every normalization."""
     loss_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -141,7 +149,7 @@ class AlgorithmConfig:
     _shorthand = "preset"
 
     def resolved(self) -> dict[str, Any]:
-        """The concrete advantage mode, loss preset name, step credit flag and loss kwargs."""
+        """The concrete advantage mode, loss preset name, step credit flag, step normalization and loss kwargs."""
         base = ALGORITHM_PRESETS[self.preset]
         loss = self.loss if self.loss is not None else base["loss"]
         loss_presets = _loss_presets()
@@ -158,6 +166,7 @@ class AlgorithmConfig:
             "advantage": self.advantage if self.advantage is not None else base["advantage"],
             "loss": loss,
             "step_credit": self.step_credit if self.step_credit is not None else base["step_credit"],
+            "step_normalize": self.step_normalize if self.step_normalize is not None else base["step_normalize"],
             "loss_kwargs": loss_kwargs,
         }
 
@@ -178,8 +187,12 @@ class OptimizerConfig:
     """Clip the global gradient norm to this value before each step; 0 disables clipping."""
     epochs: int = 1
     """Passes over each iteration's rollout batch."""
+    minibatches: int = 4
+    """Optimizer steps per epoch: the iteration's rows are shuffled and split into this many
+    minibatches, so the ratios leave 1 after the first step and the clip terms act."""
     minibatch_size: int = 0
-    """Rows per optimizer step; 0 = the whole batch (one step per epoch)."""
+    """Rows per optimizer step instead of a fixed count (the rows split into ``rows // size``
+    minibatches); 0 uses ``minibatches``."""
     micro_batch_size: int = 64
     """Rows per forward/backward pass (gradient accumulation); does not change the gradient."""
 
@@ -219,8 +232,13 @@ class TrainerConfig:
     """Held-out episodes per evaluation (distinct seeds, never used for training)."""
     eval_sampled: bool = True
     """Also evaluate with sampling (temperature of the rollout), besides greedy."""
-    target_success: float | None = 0.9
-    """Stop once greedy eval success reaches this value; None trains all iterations."""
+    target_success: float | None = 0.95
+    """Stop once greedy success on the held-out seeds reaches this value (confirmed, see
+    ``confirm_episodes``); None trains all iterations."""
+    confirm_episodes: int = 128
+    """When a periodic evaluation reaches ``target_success``, a greedy evaluation on this many held-out
+    episodes decides whether to stop, so the noise of a small evaluation cannot end a run early;
+    0 stops on the periodic evaluation alone."""
     save_every: int = 1
     """Write the ``last`` checkpoint every this many iterations (and at the end)."""
     recompute_old_logprobs: bool = False
@@ -539,6 +557,7 @@ def validate(config: Config) -> None:
     _require(algo.step_weight >= 0, "algo.step_weight", "must be >= 0")
     _require(algo.eps > 0, "algo.eps", "must be > 0")
     _require(algo.kl_coef is None or algo.kl_coef >= 0, "algo.kl_coef", "must be >= 0")
+    _require(algo.invalid_penalty >= 0, "algo.invalid_penalty", "must be >= 0")
     for name in algo.loss_kwargs:
         _require(name in LOSS_KWARGS, f"algo.loss_kwargs.{name}", f"unknown loss argument; choose from {list(LOSS_KWARGS)}")
     algo.resolved()  # checks the loss preset name
@@ -549,7 +568,18 @@ def validate(config: Config) -> None:
     _require(optim.adam_eps > 0, "optim.adam_eps", "must be > 0")
     _require(optim.grad_clip >= 0, "optim.grad_clip", "must be >= 0")
     _require(optim.epochs >= 1, "optim.epochs", "must be >= 1")
-    _require(optim.minibatch_size >= 0, "optim.minibatch_size", "must be >= 0 (0 = whole batch)")
+    _require(optim.minibatches >= 1, "optim.minibatches", "must be >= 1")
+    _require(optim.minibatch_size >= 0, "optim.minibatch_size", "must be >= 0 (0 = use optim.minibatches)")
+    rollout = config.rollout
+    fewest_rows = rollout.n_groups * rollout.group_size  # every trajectory has at least one turn
+    most_rows = fewest_rows * rollout.max_turns
+    if optim.minibatch_size == 0:
+        _require(optim.minibatches <= fewest_rows, "optim.minibatches",
+                 f"{optim.minibatches} minibatches exceed the {fewest_rows} rows a batch may hold "
+                 "(rollout.n_groups x rollout.group_size trajectories of one turn)")
+    _require(optim.minibatch_size <= most_rows, "optim.minibatch_size",
+             f"{optim.minibatch_size} rows leave no full minibatch: a batch holds at most {most_rows} rows "
+             "(rollout.n_groups x rollout.group_size x rollout.max_turns)")
     _require(optim.micro_batch_size >= 1, "optim.micro_batch_size", "must be >= 1")
     sft = config.sft
     _require(sft.steps >= 0, "sft.steps", "must be >= 0")
@@ -561,6 +591,7 @@ def validate(config: Config) -> None:
     _require(trainer.iterations >= 0, "trainer.iterations", "must be >= 0")
     _require(trainer.eval_every >= 0, "trainer.eval_every", "must be >= 0")
     _require(trainer.eval_episodes >= 1, "trainer.eval_episodes", "must be >= 1")
+    _require(trainer.confirm_episodes >= 0, "trainer.confirm_episodes", "must be >= 0 (0 = no confirmation)")
     _require(trainer.save_every >= 1, "trainer.save_every", "must be >= 1")
     if trainer.target_success is not None:
         _require(0 < trainer.target_success <= 1, "trainer.target_success", "must be in (0, 1] or null")

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from anchors.fingerprint import error_fingerprint, line_template
-from anchors.grouping import GroupStats, group_stats, group_steps
+from agent_rl.grouping import GroupStats, group_stats, group_steps
 from anchors.keys import hash_strings, normalize_whitespace, stable_hash64, unique_inverse
 from anchors.similarity import cluster_similar, minhash_signatures
 

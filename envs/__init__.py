@@ -3,10 +3,11 @@
 Importing ``envs`` registers ``agent_rl/Maze-v0``, ``agent_rl/Sokoban-v0``, ``agent_rl/TextWorld-v0``
 and ``agent_rl/MiniCode-v0``, the third-party suites whose extras are installed
 (``agent_rl/ScienceWorld-v0``, ``textarena/<game>``) and every ``agent_rl.envs`` entry-point plugin
-with Gymnasium.
+with Gymnasium. Reset seeds from ``EVAL_SEED_BASE`` on are evaluation seeds: they never reach a
+training instance.
 """
 
-from envs.base import TextEnv, Transition, normalize_action
+from envs.base import EVAL_SEED_BASE, TextEnv, Transition, instance_split, normalize_action, seed_split
 from envs.checker import CheckReport, TextEnvCheckError, check_text_env
 from envs.oracle import has_oracle, oracle_actions
 from envs.registration import (
@@ -23,6 +24,9 @@ from envs.registration import (
 load_plugins()
 
 __all__ = [
+    "EVAL_SEED_BASE",
+    "instance_split",
+    "seed_split",
     "CheckReport",
     "EnvUnavailableError",
     "TextEnvCheckError",

@@ -1,16 +1,18 @@
 """The shared machinery of agent-rl text environments.
 
 A subclass implements the game: ``_new_game`` (seeded start), ``_apply`` (one normalized command),
-``admissible_actions``, ``anchor`` and ``oracle``. This base class owns everything the DESIGN
-contract promises for every environment: text spaces, action normalization (any string in, never an
-exception), the ``info`` keys, sparse configurable rewards, the max-steps truncation and the
-behaviour after the episode ended.
+``admissible_actions``, ``anchor``, ``oracle`` and, to hold evaluation instances out of training,
+``instance_key``. This base class owns everything the DESIGN contract promises for every environment:
+text spaces, action normalization (any string in, never an exception), the ``info`` keys, sparse
+configurable rewards, the max-steps truncation, the behaviour after the episode ended and the split
+of instances between training seeds (below ``EVAL_SEED_BASE``) and evaluation seeds.
 """
 
 from __future__ import annotations
 
 import string
 from dataclasses import dataclass
+from hashlib import blake2b
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -21,6 +23,20 @@ from gymnasium import spaces
 TEXT_CHARSET = frozenset(string.printable) | frozenset("’‘“”—–…•·°×")
 MAX_OBSERVATION_CHARS = 8192
 MAX_ACTION_CHARS = 256
+EVAL_SEED_BASE = 2**31
+"""Reset seeds at or above this are evaluation seeds (``EVAL_SEED_BASE + i``); training seeds lie below."""
+MAX_SPLIT_DRAWS = 1000
+"""Instances a reset may draw before it gives up on reaching its seed's split."""
+
+
+def seed_split(seed: int | None) -> str:
+    """The split a reset seed belongs to: ``"eval"`` from ``EVAL_SEED_BASE`` on, else ``"train"`` (also None)."""
+    return "eval" if seed is not None and seed >= EVAL_SEED_BASE else "train"
+
+
+def instance_split(instance_key: str) -> str:
+    """The split an instance belongs to: one bit of a stable hash of its canonical key."""
+    return "eval" if blake2b(instance_key.encode(), digest_size=1).digest()[0] & 1 else "train"
 
 
 def normalize_action(action: Any) -> str:
@@ -61,6 +77,11 @@ class TextEnv(gym.Env[str, str]):
     """Which ``anchors`` key function suits this environment (state/observation/fingerprint/similarity)."""
     task: str = ""
     """Natural-language instruction of the current episode, shown to the policy in every prompt."""
+    split: str = "train"
+    """Split of the current episode, from its reset seed (see ``seed_split``)."""
+    split_by_instance_key: ClassVar[bool] = True
+    """Whether ``reset`` redraws until ``instance_split(instance_key())`` equals ``self.split``. An
+    environment whose ``_new_game`` keeps the splits apart itself (reading ``self.split``) sets False."""
 
     def __init__(
         self,
@@ -113,12 +134,32 @@ class TextEnv(gym.Env[str, str]):
         """Whether the task is solved in the current state."""
         raise NotImplementedError
 
+    def instance_key(self) -> str | None:
+        """Canonical key of the whole instance of this episode, as generated: equal keys mean the same
+        instance. The default None opts out of the held-out split; an environment that returns a key
+        gets it: training seeds (and None) only ever reach instances whose key hashes to ``"train"``,
+        evaluation seeds only those that hash to ``"eval"``."""
+        return None
+
     # ---- the Gymnasium API ----------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
         self._steps = 0
         self._finished = False
-        observation = clean_observation(self._new_game(options))
+        self.split = seed_split(seed)
+        # Redraws come from the seeded generator, so a seed still gives one instance.
+        for _ in range(MAX_SPLIT_DRAWS):
+            observation = self._new_game(options)
+            key = self.instance_key() if self.split_by_instance_key else None
+            if key is None or instance_split(key) == self.split:
+                break
+        else:
+            name = self.spec.id if self.spec is not None else type(self).__name__
+            raise RuntimeError(
+                f"{name}: none of {MAX_SPLIT_DRAWS} generated instances falls in the {self.split} split; this "
+                "configuration has too few distinct instances to hold evaluation instances out of training"
+            )
+        observation = clean_observation(observation)
         self._won = self.is_won()
         self._last_observation = observation
         return observation, self._info(valid=True, error=None)

@@ -382,6 +382,20 @@ class MazeEnv(TextEnv):
     def admissible_actions(self) -> list[str]:
         return list(self._state_facts()[0])
 
+    def instance_key(self) -> str:
+        """Passages (locked ones with their key's cell), distractor cells and the goal cell, all by grid
+        cell. Names are left out: a renamed copy of a maze has the same layout and the same plan."""
+        world = self.world
+        cells = nx.get_node_attributes(world.graph, "pos")
+        item_cells = [cells[room] for room in world.initial_items]
+        passages = sorted(
+            "-".join(map(str, sorted((cells[a], cells[b]))))
+            + (f" key@{item_cells[world.door_keys[door]]}" if door >= 0 else "")
+            for a, b, door in world.graph.edges(data="door")
+        )
+        distractors = sorted(item_cells[self.n_locked_doors : world.goal_item])
+        return f"passages={passages};distractors={distractors};goal={item_cells[world.goal_item]}"
+
     def anchor(self) -> str:
         return self._state_facts()[1]
 

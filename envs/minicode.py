@@ -168,6 +168,7 @@ class MiniCodeEnv(TextEnv):
             raise ValueError(f"n_tests must be in [1, 100], got {n_tests}")
         self.n_tests = int(n_tests)
         self._template = self.templates[0]
+        self._constants: dict[str, int] = {}
         self._tests: list[tuple[tuple[int, ...], int]] = []
         self._solution = ""
         self._task_key = ""
@@ -181,6 +182,7 @@ class MiniCodeEnv(TextEnv):
         low, high = template.input_range
         values = rng.integers(low, high + 1, size=(self.n_tests, len(template.inputs)))
         self._template = template
+        self._constants = constants
         self._tests = [(inputs, template.expected(constants, inputs)) for inputs in map(tuple, values.tolist())]
         self._solution = template.solution.format(**constants)
         example_inputs, example_output = self._tests[0]
@@ -227,6 +229,10 @@ class MiniCodeEnv(TextEnv):
 
     def anchor(self) -> str:
         return self._anchor
+
+    def instance_key(self) -> str:
+        """The template, its constants and the hidden tests (inputs and expected results)."""
+        return f"{self._template.name};{sorted(self._constants.items())};{self._tests}"
 
     def oracle(self) -> list[str]:
         return [self._solution]

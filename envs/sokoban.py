@@ -273,12 +273,15 @@ class SokobanEnv(TextEnv):
         return Transition(self._describe(f"You move {move}."))
 
     def _render(self) -> None:
+        self._grid = self._grid_text(self._player, self._boxes)
+
+    def _grid_text(self, player: int, boxes: frozenset[int]) -> str:
         cells = self._background.copy()
-        for box in self._boxes:
+        for box in boxes:
             cells[box] = BOX_ON_TARGET if cells[box] == TARGET else BOX
-        cells[self._player] = PLAYER_ON_TARGET if cells[self._player] == TARGET else PLAYER
+        cells[player] = PLAYER_ON_TARGET if cells[player] == TARGET else PLAYER
         w = self.width
-        self._grid = "\n".join("".join(cells[row * w : row * w + w]) for row in range(self.height))
+        return "\n".join("".join(cells[row * w : row * w + w]) for row in range(self.height))
 
     def _describe(self, message: str) -> str:
         on_target = len(self._boxes & self.level.targets)
@@ -299,6 +302,10 @@ class SokobanEnv(TextEnv):
 
     def anchor(self) -> str:
         return self._grid
+
+    def instance_key(self) -> str:
+        """The start grid: walls, targets, boxes and the player."""
+        return self._grid_text(self.level.player, self.level.boxes)
 
     def is_won(self) -> bool:
         return self._boxes <= self.level.targets

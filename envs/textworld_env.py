@@ -7,6 +7,9 @@ first use and cached on disk; a reset only restarts an already loaded interprete
 The cache lives under ``$AGENT_RL_CACHE/textworld`` or, without that variable, under
 ``platformdirs.user_cache_dir("agent-rl")/textworld``. One folder per game, named by a hash of every
 generation parameter plus the textworld version, holds the compiled ``game.z8`` and its ``game.json``.
+
+Training seeds play a pool of games; evaluation seeds play a held-out pool of the same size, generated
+with other internal seeds, in which every game differs from every training game (``game_identity``).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import re
 import shutil
 import tempfile
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from hashlib import blake2b
 from pathlib import Path
 from typing import Any
@@ -37,6 +40,8 @@ CUSTOM_LIMITS = {"world_size": (1, 100, 3), "nb_objects": (0, 100, 3), "quest_le
 """(lowest, highest, default) of each knob of a custom game; generation time grows fast with quest_length."""
 GENERATION_TRIES = 8
 """Internal seeds tried per game before giving up when TextWorld cannot build a quest."""
+HELDOUT_TRIES = 16
+"""Candidates generated per held-out game before giving up on one that equals no training game."""
 INTERPRETER_SEED = 20240611
 """Fixed seed of the Z-machine's random generator, so replies never depend on the wall clock."""
 CACHE_FORMAT = 1
@@ -79,14 +84,24 @@ class GameSpec:
     """Seed of the whole pool of games."""
     index: int
     """Position of this game in the pool."""
+    split: str = "train"
+    """``train``, or ``eval`` for the held-out pool, which draws its own internal seeds."""
+    redraw: int = 0
+    """Held-out games only: how many earlier candidates for this position equalled a training game."""
+
+    def __post_init__(self) -> None:
+        if self.split not in ("train", "eval"):
+            raise ValueError(f"split must be 'train' or 'eval', got {self.split!r}")
 
     def key(self) -> str:
         payload = {**asdict(self), "textworld": textworld.__version__, "format": CACHE_FORMAT}
         return blake2b(json.dumps(payload, sort_keys=True).encode(), digest_size=16).hexdigest()
 
     def internal_seed(self, attempt: int) -> int:
-        """The generator seed of the ``attempt``-th try: a fixed sequence per (game_seed, index)."""
-        digest = blake2b(f"{self.game_seed}:{self.index}:{attempt}".encode(), digest_size=4).digest()
+        """The generator seed of the ``attempt``-th try: a fixed sequence per (game_seed, index), and
+        another one per held-out (game_seed, index, redraw)."""
+        pool = f"{self.game_seed}:{self.index}" if self.split == "train" else f"eval:{self.game_seed}:{self.index}:{self.redraw}"
+        digest = blake2b(f"{pool}:{attempt}".encode(), digest_size=4).digest()
         return int.from_bytes(digest, "little") % (2**31 - 1)
 
 
@@ -121,7 +136,9 @@ def ensure_game(spec: GameSpec) -> Path:
         shutil.rmtree(final, ignore_errors=True)  # a foreign, incomplete entry
         staging = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root))
         try:
-            _generate(spec, staging / "game.z8")
+            with warnings.catch_warnings():  # the generators replay their walkthrough in Jericho, which warns
+                warnings.simplefilter("ignore", jericho.UnsupportedGameWarning)
+                _generate(spec, staging / "game.z8")
             (staging / "spec.json").write_text(json.dumps(asdict(spec), indent=2))
             os.replace(staging, final)
         finally:
@@ -149,6 +166,22 @@ def _generate(spec: GameSpec, path: Path) -> None:
     )
 
 
+def game_identity(spec: GameSpec) -> str:
+    """What makes the game of ``spec`` itself, whatever its file: a hash of its world facts, every entity
+    by name, and of its quests' winning commands. The objective text, a random paraphrase, is left out."""
+    path = ensure_game(spec).with_name("game.json")
+    try:
+        game = textworld.Game.load(str(path))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise RuntimeError(f"corrupt cached TextWorld game {path}: {exc}; delete its folder to regenerate it") from exc
+    names = {entity: info.name or entity for entity, info in game.infos.items()}
+    facts = sorted(
+        f"{fact.name}({', '.join(names.get(arg.name, arg.name) for arg in fact.arguments)})" for fact in game.world.facts
+    )
+    quests = [list(quest.commands) for quest in game.quests]
+    return blake2b(json.dumps([facts, quests]).encode(), digest_size=16).hexdigest()
+
+
 def clean_feedback(text: str) -> str:
     """Game text without the ASCII-art banner, the input prompt/status line and the end-of-game menu."""
     lines = [line.strip() for line in text.replace(_END_OF_GAME_MENU, "").split("\n")]
@@ -174,7 +207,9 @@ class TextWorldEnv(TextEnv):
         game_seed: seed of the pool of generated games (default 0).
         n_games: size of the pool (default 8). ``reset(seed=s)`` picks the game
             ``self.np_random.integers(n_games)``, so every group member with seed ``s`` plays the same
-            game from the same start. Each game is generated the first time it is picked.
+            game from the same start. Each game is generated the first time it is picked. Evaluation
+            seeds (from ``EVAL_SEED_BASE`` on) pick from the held-out pool instead (``eval_spec``);
+            resolving it generates the whole training pool once, to compare games.
         max_steps and the reward knobs: see ``TextEnv``.
 
     Commands: only commands in TextWorld's admissible set (``info["admissible_actions"]``, lower-cased
@@ -187,6 +222,7 @@ class TextWorldEnv(TextEnv):
     """
 
     default_anchor_key = "state"
+    split_by_instance_key = False  # the two pools are disjoint by construction
 
     def __init__(
         self,
@@ -228,7 +264,10 @@ class TextWorldEnv(TextEnv):
                 raise ValueError(f"coin_collector level {level} needs more than the 100 rooms TextWorld supports")
             sizes = {"world_size": 0, "nb_objects": 0, "quest_length": 0}
         self.specs = [GameSpec(kind=kind, level=level, game_seed=int(game_seed), index=i, **sizes) for i in range(n_games)]
-        self._interpreters: dict[int, textworld.Environment] = {}
+        self._eval_specs: dict[int, GameSpec] = {}
+        self._identities: dict[GameSpec, str] = {}
+        self._interpreters: dict[GameSpec, textworld.Environment] = {}
+        self._spec = self.specs[0]
         self._game: textworld.Environment | None = None
         self._key = ""
         self._state: textworld.GameState | None = None
@@ -237,17 +276,42 @@ class TextWorldEnv(TextEnv):
 
     def _new_game(self, options: dict[str, Any] | None) -> str:
         index = int(self.np_random.integers(len(self.specs)))
-        if index not in self._interpreters:
+        spec = self.specs[index] if self.split == "train" else self.eval_spec(index)
+        if spec not in self._interpreters:
             with warnings.catch_warnings():  # Jericho warns that it lacks its own walkthrough data
                 warnings.simplefilter("ignore", jericho.UnsupportedGameWarning)
-                game = textworld.start(str(ensure_game(self.specs[index])), REQUEST_INFOS)
+                game = textworld.start(str(ensure_game(spec)), REQUEST_INFOS)
             game.seed(INTERPRETER_SEED)
-            self._interpreters[index] = game
-        self._game = self._interpreters[index]
-        self._key = self.specs[index].key()
+            self._interpreters[spec] = game
+        self._spec = spec
+        self._game = self._interpreters[spec]
+        self._key = spec.key()
         self._set_state(self._game.reset())
         self.task = self._state["objective"]
         return clean_feedback(self._state.feedback)
+
+    def eval_spec(self, index: int) -> GameSpec:
+        """Game ``index`` of the held-out pool: the first candidate, generated with evaluation seeds,
+        whose game equals no game of the training pool."""
+        if index not in self._eval_specs:
+            training = {self._identity(spec) for spec in self.specs}
+            for redraw in range(HELDOUT_TRIES):
+                candidate = replace(self.specs[index], split="eval", redraw=redraw)
+                if self._identity(candidate) not in training:
+                    self._eval_specs[index] = candidate
+                    break
+            else:
+                raise RuntimeError(
+                    f"TextWorld: {HELDOUT_TRIES} candidates for held-out game {index} all equal a game of the "
+                    f"training pool of {len(self.specs)} ({self.specs[index]}); this configuration has too few "
+                    "distinct games: use a higher level, larger custom quests or a smaller n_games"
+                )
+        return self._eval_specs[index]
+
+    def _identity(self, spec: GameSpec) -> str:
+        if spec not in self._identities:
+            self._identities[spec] = game_identity(spec)
+        return self._identities[spec]
 
     def _set_state(self, state: textworld.GameState) -> None:
         self._state = state
@@ -278,6 +342,10 @@ class TextWorldEnv(TextEnv):
 
     def oracle(self) -> list[str]:
         return [command.lower() for command in self._state["policy_commands"]]
+
+    def instance_key(self) -> str:
+        """The identity of the game being played (``game_identity``)."""
+        return self._identity(self._spec)
 
     def is_won(self) -> bool:
         return bool(self._state["won"])

@@ -12,11 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent_rl.advantages import (
+    compute_advantages,
     discounted_returns,
     episode_advantages,
-    gigpo_advantages,
     step_advantages,
 )
+from agent_rl.batch import StepBatch
+from agent_rl.config import load_config
 
 EPS = 1e-6
 
@@ -171,24 +173,86 @@ def test_step_advantages_by_hand():
     )
 
 
-def test_gigpo_is_episode_plus_weighted_step():
+def step_batch(group, traj, reward, keys, valid=None) -> StepBatch:
+    return StepBatch.for_credit(group, traj, reward, anchor_key=keys, action_valid=valid)
+
+
+def test_pipeline_by_hand():
+    # One group, two trajectories from state s0. Trajectory 0: s0 -> s1 (reward 1). Trajectory 1:
+    # s0 -> s0 -> s1 (reward 1 at the end). Episode returns 1 and 1: zero episode advantage.
+    batch = step_batch([0] * 5, [0, 0, 1, 1, 1], [0, 1, 0, 0, 1], ["s0", "s1", "s0", "s0", "s1"])
+    credit = compute_advantages(batch, load_config(overrides=["algo=gigpo", "algo.gamma=0.5"]).algo)
+    # Step returns (gamma 0.5): traj0 [0.5, 1], traj1 [0.25, 0.5, 1]. Anchor group s0 = {0.5, 0.25,
+    # 0.5}, mean 5/12; s1 = {1, 1}, mean 1 (the gigpo preset is mean-centred, no std).
+    expected = np.array([0.5 - 5 / 12, 0.0, 0.25 - 5 / 12, 0.5 - 5 / 12, 0.0])
+    np.testing.assert_allclose(credit.advantages, expected, atol=1e-12)
+    np.testing.assert_allclose(credit.episode, 0.0)
+    np.testing.assert_allclose(credit.step, expected, atol=1e-12)
+    np.testing.assert_array_equal(credit.step_groups, [0, 1, 0, 0, 1])
+    assert credit.group_stats.n_groups == 2 and credit.group_stats.frac_rows_in_groups_ge2 == 1.0
+    metrics = credit.metrics()
+    assert metrics["anchors/mean_group_size"] == 2.5 and metrics["anchors/grouped_fraction"] == 1.0
+    grpo = compute_advantages(batch, load_config(overrides=["algo=grpo"]).algo)
+    np.testing.assert_array_equal(grpo.advantages, np.zeros(5))  # equal returns: no trajectory-level signal
+    np.testing.assert_array_equal(grpo.step, np.zeros(5))
+    assert grpo.group_stats.n_groups == 2  # reported without step credit too
+
+
+def test_pipeline_is_episode_plus_weighted_step():
     episode_returns = np.array([1.0, 1.0, 0.0, 0.0])
-    step_returns = np.array([1.0, 1.0, 0.0, 0.0])
-    groups = np.zeros(4, dtype=int)
-    trajs = np.array([0, 0, 1, 1])
-    keys = np.array(["s0", "s1", "s0", "s1"])
-    for normalize, mode in (("mean_std", "grpo"), ("mean", "drgrpo")):
-        episode = episode_advantages(episode_returns, groups, trajs, mode=mode)
-        step = step_advantages(step_returns, groups, keys, normalize=normalize)
-        np.testing.assert_allclose(
-            gigpo_advantages(episode_returns, step_returns, groups, trajs, keys, step_weight=0.5, normalize=normalize),
-            episode + 0.5 * step,
-        )
-    # By hand for "mean": episode +-0.5, step +-0.5 -> 0.5 + 0.5 * 0.5
+    batch = step_batch([0, 0, 0, 0], [0, 0, 1, 1], [0.0, 1.0, 0.0, 0.0], ["s0", "s1", "s0", "s1"])
+    step_returns = discounted_returns(batch.reward, batch.traj_id, 0.9)
+    for preset, mode, normalize in (("gigpo", "drgrpo", "mean"), ("grpo", "grpo", "mean_std")):
+        algo = load_config(overrides=[f"algo={preset}", "algo.step_credit=true", "algo.step_weight=0.5", "algo.gamma=0.9"]).algo
+        episode = episode_advantages(episode_returns, batch.group_id, batch.traj_id, mode=mode)
+        step = step_advantages(step_returns, batch.group_id, batch.anchor_key, normalize=normalize)
+        np.testing.assert_allclose(compute_advantages(batch, algo).advantages, episode + 0.5 * step)
+    # By hand for gigpo: episode +-0.5; step returns [0.9, 1, 0, 0]: anchor groups s0 {0.9, 0}, s1 {1, 0}.
+    algo = load_config(overrides=["algo=gigpo", "algo.step_weight=0.5", "algo.gamma=0.9"]).algo
     np.testing.assert_allclose(
-        gigpo_advantages(episode_returns, step_returns, groups, trajs, keys, step_weight=0.5, normalize="mean"),
-        [0.75, 0.75, -0.75, -0.75],
+        compute_advantages(batch, algo).advantages, [0.5 + 0.5 * 0.45, 0.5 + 0.5 * 0.5, -0.5 - 0.5 * 0.45, -0.5 - 0.5 * 0.5]
     )
+
+
+def test_invalid_penalty_is_charged_to_the_invalid_step_alone():
+    # Both trajectories win (return 1). Trajectory 1 made an invalid action at its first turn.
+    batch = step_batch([0] * 5, [0, 0, 1, 1, 1], [0, 1, 0, 0, 1], ["s0", "s1", "s0", "s0", "s1"], valid=[1, 1, 0, 1, 1])
+    overrides = ["algo=gigpo", "algo.gamma=0.5"]
+    plain = compute_advantages(batch, load_config(overrides=overrides).algo)
+    penalized = compute_advantages(batch, load_config(overrides=[*overrides, "algo.invalid_penalty=0.1"]).algo)
+    np.testing.assert_allclose(penalized.advantages - plain.advantages, [0, 0, -0.1, 0, 0], atol=1e-12)
+    np.testing.assert_array_equal(penalized.episode, plain.episode)  # returns and group statistics untouched
+    # Under std normalization an all-win group stays at the penalty's size: it enters no statistic.
+    std = ["algo=grpo", "algo.step_credit=true", "algo.gamma=0.5"]
+    no_penalty = compute_advantages(batch, load_config(overrides=std).algo)
+    with_penalty = compute_advantages(batch, load_config(overrides=[*std, "algo.invalid_penalty=0.01"]).algo)
+    np.testing.assert_allclose(with_penalty.advantages - no_penalty.advantages, [0, 0, -0.01, 0, 0], atol=1e-12)
+    # The same penalty as an environment reward is discounted into earlier steps and changes the
+    # trajectory's return: trajectory 1 now loses the episode comparison at every step.
+    env_reward = step_batch(batch.group_id, batch.traj_id, [0, 1, -0.1, 0, 1], batch.anchor_key, valid=batch.action_valid)
+    as_reward = compute_advantages(env_reward, load_config(overrides=overrides).algo)
+    np.testing.assert_allclose(as_reward.episode, [0.05, 0.05, -0.05, -0.05, -0.05], atol=1e-12)
+
+
+def test_step_credit_needs_anchor_keys():
+    batch = step_batch([0, 0], [0, 1], [1.0, 0.0], ["a", "a"])
+    batch.anchor_key = None
+    with pytest.raises(ValueError, match="anchor_key"):
+        compute_advantages(batch, load_config(overrides=["algo=gigpo"]).algo)
+    grpo = compute_advantages(batch, load_config(overrides=["algo=grpo"]).algo)
+    assert grpo.group_stats is None and np.all(np.isfinite(grpo.advantages))
+
+
+@pytest.mark.parametrize("preset", ["gigpo", "grpo", "drgrpo", "rloo"])
+def test_degenerate_groups_give_finite_advantages(preset):
+    # A one-trajectory group, an all-equal group, and an empty batch.
+    batch = step_batch([0, 1, 1, 1, 1], [0, 1, 1, 2, 2], [1.0, 0.0, 1.0, 0.0, 1.0], ["a", "a", "b", "a", "b"])
+    algo = load_config(overrides=[f"algo={preset}", "algo.invalid_penalty=0.05"]).algo
+    credit = compute_advantages(batch, algo)
+    assert np.all(np.isfinite(credit.advantages))
+    np.testing.assert_allclose(credit.episode, 0.0, atol=1e-9)
+    empty = compute_advantages(batch.select(np.zeros(5, dtype=bool)), algo)
+    assert len(empty.advantages) == 0 and empty.metrics()["advantage/abs_mean"] == 0.0
 
 
 # ---- the reference implementation (verl-agent gigpo/core_gigpo.py, ported verbatim in spirit) -----
@@ -230,19 +294,25 @@ def _verl_gigpo(episode_returns, step_returns, groups, trajs, keys, remove_std, 
 def test_step_stats_reproduce_verl_agent(normalize):
     rng = np.random.default_rng(1)
     n_groups, group_size = 4, 5
-    groups, trajs, keys, ep, sr = [], [], [], [], []
+    groups, trajs, keys, rewards, ep, sr = [], [], [], [], [], []
     for g in range(n_groups):
         for j in range(group_size):
             length = rng.integers(1, 6)
-            rewards = (rng.random(length) < 0.2).astype(float)
+            traj_rewards = (rng.random(length) < 0.2).astype(float)
             states = rng.integers(0, 8, size=length)
             groups += [g] * length
             trajs += [g * 100 + j] * length
             keys += [f"s{s}" for s in states]
-            ep += [rewards.sum()] * length
-            sr += list(discounted_returns(rewards, np.zeros(length), 0.95))
-    groups, trajs, keys, ep, sr = map(np.asarray, (groups, trajs, keys, ep, sr))
-    ours = gigpo_advantages(ep, sr, groups, trajs, keys, step_weight=0.7, normalize=normalize, episode_stats="step")
+            rewards += list(traj_rewards)
+            ep += [traj_rewards.sum()] * length
+            sr += [sum(0.95**k * r for k, r in enumerate(traj_rewards[i:])) for i in range(length)]
+    groups, trajs, keys, rewards, ep, sr = map(np.asarray, (groups, trajs, keys, rewards, ep, sr))
+    mode = "grpo" if normalize == "mean_std" else "drgrpo"
+    algo = load_config(overrides=[
+        "algo=gigpo", f"algo.advantage={mode}", f"algo.step_normalize={normalize}", "algo.episode_stats=step",
+        "algo.step_weight=0.7", "algo.gamma=0.95",
+    ]).algo
+    ours = compute_advantages(step_batch(groups, trajs, rewards, keys), algo).advantages
     reference = _verl_gigpo(ep, sr, groups, trajs, keys, normalize == "mean", 0.7)
     # The only deliberate difference: a singleton anchor group gets 0 here, its raw return there.
     codes = np.unique(np.char.add(groups.astype(str), keys), return_inverse=True)[1]

@@ -74,3 +74,11 @@ def test_importing_agent_rl_stays_light():
            "print(sorted(m for m in ('torch', 'vllm', 'ray', 'textworld', 'transformers') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_for_credit_numbers_turns_within_each_trajectory():
+    batch = StepBatch.for_credit([0, 0, 0, 1, 0], [5, 7, 5, 9, 7], [0.0, 1.0, 0.5, 0.0, 0.0], anchor_key=["a"] * 5)
+    np.testing.assert_array_equal(batch.t, [0, 0, 1, 0, 1])
+    assert batch.action_valid.all() and batch.anchor_key.tolist() == ["a"] * 5
+    assert all(len(ids) == 0 for ids in batch.response_ids)
+    assert StepBatch.for_credit([], [], []).t.shape == (0,)

@@ -1,10 +1,13 @@
 """TextWorldEnv on small real TextWorld games: checker, oracle wins, determinism, anchors, hostile
-input, the game cache (keys, retries, concurrent generation) and observation cleaning."""
+input, the game cache (keys, retries, concurrent generation), observation cleaning and the held-out
+evaluation pool (disjoint from the training pool by game identity)."""
 
 from __future__ import annotations
 
 import multiprocessing
 import random
+import shutil
+from dataclasses import replace
 
 import gymnasium as gym
 import pytest
@@ -13,8 +16,16 @@ from textworld.generator import QuestGenerationError
 from textworld.generator.game import GameOptions
 
 import envs.textworld_env as tw_env
-from envs import check_text_env, oracle_actions
-from envs.textworld_env import GENERATION_TRIES, GameSpec, TextWorldEnv, clean_feedback, ensure_game
+from envs import EVAL_SEED_BASE, check_text_env, oracle_actions
+from envs.textworld_env import (
+    GENERATION_TRIES,
+    HELDOUT_TRIES,
+    GameSpec,
+    TextWorldEnv,
+    clean_feedback,
+    ensure_game,
+    game_identity,
+)
 
 # Small games (1-3 rooms): each takes about 1-2 s to generate, once per test session.
 COIN = dict(kind="coin_collector", level=2, n_games=2)
@@ -84,7 +95,7 @@ def test_taking_the_wrong_object_loses_treasure_hunter():
 
 def test_determinism_across_instances(coin_env):
     other = gym.make("agent_rl/TextWorld-v0", **COIN)  # a second instance, through the registry
-    for seed in range(4):
+    for seed in [*range(4), EVAL_SEED_BASE, EVAL_SEED_BASE + 1]:
         first, second = coin_env.reset(seed=seed), other.reset(seed=seed)
         assert first == second
         info, chooser = first[1], random.Random(seed)
@@ -172,7 +183,7 @@ def test_cache_key_covers_every_parameter(monkeypatch):
     base = GameSpec(kind="custom", level=0, world_size=2, nb_objects=2, quest_length=3, game_seed=0, index=0)
     variants = [
         dict(kind="coin_collector"), dict(level=1), dict(world_size=3), dict(nb_objects=1),
-        dict(quest_length=2), dict(game_seed=1), dict(index=1),
+        dict(quest_length=2), dict(game_seed=1), dict(index=1), dict(split="eval"), dict(redraw=1),
     ]
     keys = {base.key()} | {GameSpec(**{**base.__dict__, **change}).key() for change in variants}
     assert len(keys) == len(variants) + 1
@@ -262,3 +273,63 @@ def test_concurrent_generation_of_one_game(tmp_path):
 def test_bad_knobs_are_rejected(kwargs, message):
     with pytest.raises(ValueError, match=message):
         TextWorldEnv(**kwargs)
+
+
+# ---- the held-out evaluation pool ---------------------------------------------------------------------
+
+def test_evaluation_seeds_play_a_pool_disjoint_from_training(coin_env):
+    training = {game_identity(spec) for spec in coin_env.specs}
+    held_out_specs = [coin_env.eval_spec(i) for i in range(COIN["n_games"])]
+    held_out = {game_identity(spec) for spec in held_out_specs}
+    assert all(spec.split == "eval" for spec in held_out_specs) and not training & held_out
+    train_keys = {_instance_after_reset(coin_env, seed) for seed in range(8)}
+    eval_keys = {_instance_after_reset(coin_env, seed) for seed in range(EVAL_SEED_BASE, EVAL_SEED_BASE + 8)}
+    assert train_keys == training and eval_keys == held_out  # these 8 seeds reach both games of each pool
+    assert _instance_after_reset(coin_env, None) in training
+
+
+def _instance_after_reset(env: TextWorldEnv, seed: int | None) -> str:
+    env.reset(seed=seed)
+    return env.instance_key()
+
+
+def test_game_identity_is_the_game_not_the_file(coin_env, game_cache):
+    spec = coin_env.specs[0]
+    folder = ensure_game(spec).parent
+    copy = replace(spec, game_seed=77)  # another spec whose folder holds the very same game
+    shutil.copytree(folder, game_cache / copy.key())
+    assert game_identity(copy) == game_identity(spec)
+    games = [textworld.Game.load(str(ensure_game(s).with_name("game.json"))) for s in coin_env.specs]
+    worlds = [
+        (sorted(map(str, game.world.facts)), {k: v.name for k, v in game.infos.items()}, [q.commands for q in game.quests])
+        for game in games
+    ]
+    assert (worlds[0] == worlds[1]) == (game_identity(coin_env.specs[0]) == game_identity(coin_env.specs[1]))
+    corrupt = replace(spec, game_seed=78)
+    shutil.copytree(folder, game_cache / corrupt.key())
+    (game_cache / corrupt.key() / "game.json").write_text("{not json")
+    with pytest.raises(RuntimeError, match=f"corrupt cached TextWorld game .*{corrupt.key()}/game.json"):
+        game_identity(corrupt)
+
+
+def test_a_held_out_candidate_equal_to_a_training_game_is_regenerated(monkeypatch):
+    env = TextWorldEnv(**COIN)
+    candidate = [replace(env.specs[0], split="eval", redraw=redraw) for redraw in range(3)]
+    fake = {env.specs[0]: "game A", env.specs[1]: "game B", candidate[0]: "game B", candidate[1]: "game A", candidate[2]: "C"}
+    asked = []
+    monkeypatch.setattr(tw_env, "game_identity", lambda spec: asked.append(spec) or fake[spec])
+    assert env.eval_spec(0) == candidate[2]
+    assert env.eval_spec(0) == candidate[2] and len(asked) == 5  # remembered
+    monkeypatch.setattr(tw_env, "game_identity", lambda spec: asked.append(spec) or "game A")
+    with pytest.raises(RuntimeError, match=f"{HELDOUT_TRIES} candidates for held-out game 1 all equal a game of the training pool"):
+        env.eval_spec(1)
+    assert len(asked) == 5 + HELDOUT_TRIES
+
+
+def test_held_out_games_use_their_own_internal_seeds():
+    spec = GameSpec(kind="coin_collector", level=2, world_size=0, nb_objects=0, quest_length=0, game_seed=0, index=1)
+    assert [spec.internal_seed(k) for k in range(3)] == [1538626058, 2039154174, 484808835]  # training games unchanged
+    held_out = {replace(spec, split="eval", redraw=r).internal_seed(k) for r in range(4) for k in range(GENERATION_TRIES)}
+    assert len(held_out) == 4 * GENERATION_TRIES and not held_out & {spec.internal_seed(k) for k in range(GENERATION_TRIES)}
+    with pytest.raises(ValueError, match="split must be 'train' or 'eval'"):
+        replace(spec, split="test")

@@ -22,7 +22,7 @@ from agent_rl.batch import StepBatch
 from agent_rl.config import load_config
 from training import checkpoint
 from training.logger import read_metrics
-from training.trainer import Trainer, accumulate_policy_gradient, compute_advantages, train
+from training.trainer import Trainer, accumulate_policy_gradient, minibatch_count, train
 
 TESTS = Path(__file__).resolve().parent
 # Two rooms, no doors: the goal item lies one move away. Small enough for seconds-long runs.
@@ -39,33 +39,66 @@ def tiny_overrides(run_dir: Path, *extra: str) -> list[str]:
     ]
 
 
-# ---- advantages ---------------------------------------------------------------------------------------
+# ---- minibatch updates -----------------------------------------------------------------------------------
 
 
-def _batch(group, traj, t, reward, states) -> StepBatch:
-    n = len(group)
-    ids = [np.array([1, 2])] * n
-    return StepBatch(
-        group_id=group, traj_id=traj, t=t, reward=reward, done=np.zeros(n), truncated=np.zeros(n),
-        action_valid=np.ones(n), won=np.zeros(n), overlong=np.zeros(n), prompt_ids=ids, response_ids=ids,
-        old_logprobs=[np.zeros(2)] * n, observation=states, error=[None] * n, action=["a"] * n, anchor_state=states,
-    )
+def test_minibatch_count():
+    optim = load_config().optim
+    assert optim.minibatches == 4 and optim.minibatch_size == 0
+    assert minibatch_count(10, optim) == 4
+    assert minibatch_count(3, optim) == 3  # never more minibatches than rows
+    optim.minibatch_size = 4
+    assert minibatch_count(10, optim) == 2
+    assert minibatch_count(3, optim) == 1
 
 
-def test_gigpo_advantages_by_hand():
-    # One group, two trajectories from state "s0". Trajectory 0: s0 -> s1 (reward 1). Trajectory 1:
-    # s0 -> s0 -> s1 (reward 1 at the end). Episode returns 1 and 1: zero episode advantage.
-    batch = _batch([0, 0, 0, 0, 0], [0, 0, 1, 1, 1], [0, 1, 0, 1, 2], [0, 1, 0, 0, 1], ["s0", "s1", "s0", "s0", "s1"])
-    config = load_config(overrides=["algo=gigpo", "algo.gamma=0.5", "algo.step_normalize=mean"])
-    advantages, metrics = compute_advantages(batch, config, "state")
-    # Step returns (gamma 0.5): traj0: [0.5, 1]; traj1: [0.25, 0.5, 1].
-    # Anchor group s0 = {0.5, 0.25, 0.5}, mean 5/12; anchor group s1 = {1, 1}, mean 1.
-    expected = np.array([0.5 - 5 / 12, 0.0, 0.25 - 5 / 12, 0.5 - 5 / 12, 0.0])
-    np.testing.assert_allclose(advantages, expected, atol=1e-12)
-    assert metrics["anchors/grouped_fraction"] == 1.0
-    assert metrics["anchors/mean_group_size"] == 2.5
-    grpo, _ = compute_advantages(batch, load_config(overrides=["algo=grpo"]), "state")
-    np.testing.assert_array_equal(grpo, np.zeros(5))  # equal episode returns: no trajectory-level signal
+def _synthetic_rows(tokenizer, n: int, seed: int):
+    rng = np.random.default_rng(seed)
+    vocab = len(tokenizer)
+    prompts = [rng.integers(8, vocab, size=rng.integers(4, 12)) for _ in range(n)]
+    responses = [rng.integers(8, vocab, size=rng.integers(1, 5)) for _ in range(n)]
+    return prompts, responses, rng.normal(size=n)
+
+
+@pytest.mark.slow
+def test_minibatch_update_does_not_depend_on_the_micro_batch_split_and_moves_the_ratios(tmp_path):
+    """Two trainers from the same seed run the same update (3 minibatches x 2 epochs) with different
+    micro-batch sizes: every optimizer step sees the same minibatch gradient. The rows are on-policy
+    for the first step only: the ratios must leave 1 afterwards and the clip act. (A small lr and
+    GRPO's token clip: at lr 3e-4 one step moves these random rows so far that every later token
+    is clipped and the later gradients are all zero.)"""
+    from training.engines import sequence_logprobs
+
+    trainers = [
+        Trainer(load_config(overrides=tiny_overrides(tmp_path / f"m{size}", "optim.minibatches=3", "optim.epochs=2",
+                                                     "algo.loss=grpo", "optim.lr=1e-5", f"optim.micro_batch_size={size}")))
+        for size in (1, 64)
+    ]
+    prompts, responses, advantages = _synthetic_rows(trainers[0].tokenizer, 9, seed=0)
+    with torch.no_grad():
+        logp, _ = sequence_logprobs(trainers[0].model, prompts, responses, 1.0)
+    old = [row[: len(r)].numpy() for row, r in zip(logp, responses)]
+    results, gradients = [], []
+    for trainer in trainers:
+        seen, step = [], trainer.optimizer.step
+
+        def record(*args, seen=seen, step=step, model=trainer.model, **kwargs):
+            seen.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+            return step(*args, **kwargs)
+
+        trainer.optimizer.step = record
+        with trainer._progress() as progress:
+            results.append(trainer.update(prompts, responses, old, advantages, progress))
+        gradients.append(seen)
+        trainer.close()
+    assert len(gradients[0]) == len(gradients[1]) == 6
+    for small, large in zip(*gradients):
+        assert float(large.norm()) > 0
+        assert float((small - large).norm() / large.norm()) < 1e-3
+    for metrics in results:
+        assert metrics["update/optimizer_steps"] == 6.0
+        assert metrics["update/ratio_max"] > 1.0 + 1e-4 or metrics["update/ratio_min"] < 1.0 - 1e-4
+        assert metrics["update/clip_frac"] > 0.0
 
 
 # ---- micro-batch invariance -----------------------------------------------------------------------------
@@ -82,7 +115,7 @@ def _tiny_model():
     return Qwen2ForCausalLM(config).eval()
 
 
-@pytest.mark.parametrize("loss", ["grpo", "dapo", "drgrpo", "gspo", "cispo"])
+@pytest.mark.parametrize("loss", ["grpo", "dapo", "drgrpo", "gspo", "gspo_token", "cispo"])
 def test_gradient_does_not_depend_on_micro_batch_split(loss):
     from agent_rl.losses import LOSS_PRESETS
 

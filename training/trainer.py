@@ -13,7 +13,6 @@ fixed seeds ``2**31 + i``, which training can never draw, so evaluation is alway
 from __future__ import annotations
 
 import copy
-import math
 import random
 import time
 from collections import defaultdict
@@ -27,12 +26,12 @@ import torch.nn.functional as F
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from agent_rl.advantages import discounted_returns, episode_advantages, step_advantages
+from agent_rl.advantages import compute_advantages
 from agent_rl.batch import StepBatch
 from agent_rl.config import Config, config_to_dict, save_config
-from agent_rl.grouping import dense_ids
 from agent_rl.losses import policy_loss
-from anchors import compute_anchor_keys, group_steps
+from anchors import compute_anchor_keys
+from envs import EVAL_SEED_BASE
 from training import checkpoint
 from training.distributed import (
     all_reduce_gradients,
@@ -48,49 +47,10 @@ from training.policy import load_policy
 from training.rollout import SEED_HIGH, collect_rollouts, draw_seeds, evaluate
 from training.sft import collect_demonstrations, train_supervised
 
-EVAL_SEED_BASE = 2**31
-"""First held-out evaluation seed; training seeds are drawn below ``SEED_HIGH``."""
-assert EVAL_SEED_BASE > SEED_HIGH
+assert EVAL_SEED_BASE > SEED_HIGH  # training seeds are drawn below SEED_HIGH
 
-RESUME_MAY_CHANGE = ("trainer.iterations", "trainer.run_dir", "trainer.target_success", "trainer.torch_threads", "logging", "engine", "scale")
+RESUME_MAY_CHANGE = ("trainer.iterations", "trainer.run_dir", "trainer.target_success", "trainer.confirm_episodes", "trainer.torch_threads", "logging", "engine", "scale")
 """Config keys a resumed run may change; any other difference refuses the checkpoint."""
-
-
-# ---- credit assignment --------------------------------------------------------------------------------
-
-
-def compute_advantages(batch: StepBatch, config: Config, anchor_kind: str) -> tuple[np.ndarray, dict[str, float]]:
-    """One advantage per row: the episode-level estimator on each trajectory's total reward, plus
-    ``step_weight`` x the GiGPO step advantage of the discounted return-to-go within anchor groups
-    when step credit is on. Anchor-group statistics are reported either way."""
-    algo = config.algo
-    resolved = algo.resolved()
-    traj_code, _ = dense_ids(batch.traj_id)
-    episode_return = np.bincount(traj_code, weights=batch.reward)[traj_code]
-    advantages = episode_advantages(
-        episode_return, batch.group_id, batch.traj_id, mode=resolved["advantage"], stats=algo.episode_stats, eps=algo.eps
-    )
-    keys = compute_anchor_keys(
-        anchor_kind,
-        observations=batch.observation,
-        errors=batch.error,
-        states=batch.anchor_state,
-        group_ids=batch.group_id if anchor_kind == "similarity" else None,
-    )
-    _, stats = group_steps(batch.group_id, keys)
-    metrics = {
-        "anchors/mean_group_size": stats.mean_size,
-        "anchors/max_group_size": float(stats.max_size),
-        "anchors/grouped_fraction": stats.frac_rows_in_groups_ge2,
-    }
-    if resolved["step_credit"]:
-        step_returns = discounted_returns(batch.reward, batch.traj_id, algo.gamma)
-        step = step_advantages(step_returns, batch.group_id, keys, normalize=algo.step_normalize, eps=algo.eps)
-        metrics["advantage/step_abs_mean"] = float(np.abs(step).mean())
-        advantages = advantages + algo.step_weight * step
-    metrics["advantage/abs_mean"] = float(np.abs(advantages).mean())
-    metrics["advantage/zero_fraction"] = float(np.mean(advantages == 0))
-    return advantages, metrics
 
 
 # ---- the policy-gradient step ---------------------------------------------------------------------------
@@ -113,6 +73,17 @@ def _forwarded_tokens(batches: list[np.ndarray], prompts: list[np.ndarray], prom
         rest = int(prompt_lengths[batch].max()) - shared + int(response_lengths[batch].max())
         total += shared + len(batch) * rest
     return total
+
+
+RATIO_EXTREMES = {"ratio_max": max, "log_ratio_abs_max": max, "ratio_min": min}
+"""Metrics reported as the extreme over an update's micro-batches and optimizer steps, not a mean."""
+
+
+def minibatch_count(rows: int, optim) -> int:
+    """Minibatches per epoch for a batch of ``rows`` rows: ``optim.minibatches``, or ``rows //
+    optim.minibatch_size`` when a size is set; at least 1 and at most ``rows``."""
+    wanted = rows // optim.minibatch_size if optim.minibatch_size else optim.minibatches
+    return max(1, min(wanted, rows))
 
 
 def plan_micro_batches(prompts: list[np.ndarray], responses: list[np.ndarray], rows: np.ndarray,
@@ -218,14 +189,11 @@ def accumulate_policy_gradient(
         tokens_seen += weight
         sums["loss"] += float(out.loss.detach())
         for key, value in out.metrics.items():
-            if key in ("ratio_max", "log_ratio_abs_max"):
-                sums[key] = max(sums[key], value)
-            elif key == "ratio_min":
-                sums[key] = min(sums.get(key, value), value)
+            if key in RATIO_EXTREMES:
+                sums[key] = RATIO_EXTREMES[key](sums.get(key, value), value)
             else:
                 sums[key] += value * weight
-    maxima = ("loss", "ratio_max", "ratio_min", "log_ratio_abs_max")
-    metrics = {k: (v if k in maxima else v / max(tokens_seen, 1.0)) for k, v in sums.items()}
+    metrics = {k: (v if k in RATIO_EXTREMES or k == "loss" else v / max(tokens_seen, 1.0)) for k, v in sums.items()}
     metrics["active_rows"] = float(forwarded)
     return metrics
 
@@ -371,7 +339,7 @@ class Trainer:
             return None
         from training.envpool import RayEnvPool
 
-        n_envs = max(cfg.rollout.n_groups * cfg.rollout.group_size, cfg.trainer.eval_episodes)
+        n_envs = max(cfg.rollout.n_groups * cfg.rollout.group_size, cfg.trainer.eval_episodes, cfg.trainer.confirm_episodes)
         return RayEnvPool(
             cfg.env.id, cfg.env.kwargs, n_envs, n_actors=cfg.scale.env_actors, imports=cfg.env.imports,
             address=cfg.scale.ray_address, num_cpus_per_actor=cfg.scale.num_cpus_per_actor,
@@ -459,9 +427,14 @@ class Trainer:
             }
             if len(batch):  # dynamic sampling may keep no group: nothing to learn from this round
                 start = time.perf_counter()
-                advantages, adv_metrics = compute_advantages(batch, cfg, self.anchor_kind)
+                batch.anchor_key = compute_anchor_keys(
+                    self.anchor_kind, observations=batch.observation, errors=batch.error, states=batch.anchor_state,
+                    group_ids=batch.group_id if self.anchor_kind == "similarity" else None,
+                )
+                credit = compute_advantages(batch, cfg.algo)
+                advantages = credit.advantages
                 timings["time/advantage"] = time.perf_counter() - start
-                metrics.update(adv_metrics)
+                metrics.update(credit.metrics())
                 old_logprobs = batch.old_logprobs
                 if cfg.trainer.recompute_old_logprobs:
                     old_logprobs, mismatch = self.recompute_logprobs(batch)
@@ -488,22 +461,21 @@ class Trainer:
         self, prompts: list[np.ndarray], responses: list[np.ndarray], old_logprobs: list[np.ndarray],
         advantages: np.ndarray, progress: Progress,
     ) -> dict[str, float]:
-        """PPO-style epochs over shuffled minibatches; one AdamW step (after clipping) per minibatch.
-        Under several processes every rank draws the same shuffle and backpropagates its share of
-        each minibatch; the summed gradient is the single-process one."""
+        """PPO-style: ``optim.epochs`` passes over the rows, each shuffled and split into minibatches;
+        one AdamW step (after clipping) per minibatch, so every step after the first learns from
+        rows sampled by an older policy and the importance ratios and clip terms act. Under several
+        processes every rank draws the same shuffle and backpropagates its share of each minibatch;
+        the summed gradient is the single-process one."""
         cfg = self.config
         n = len(prompts)
-        minibatch = cfg.optim.minibatch_size or n
-        steps = cfg.optim.epochs * math.ceil(n / minibatch)
-        task = progress.add_task("update", total=steps)
-        sums: dict[str, float] = defaultdict(float)
+        parts = minibatch_count(n, cfg.optim)
+        task = progress.add_task("update", total=cfg.optim.epochs * parts)
+        step_metrics: list[dict[str, float]] = []
         params = [p for p in self.model.parameters() if p.requires_grad]
         for _ in range(cfg.optim.epochs):
-            order = self.shuffle_rng.permutation(n)
-            for start in range(0, n, minibatch):
-                rows = order[start : start + minibatch]
+            for rows in np.array_split(self.shuffle_rng.permutation(n), parts):
                 self.optimizer.zero_grad(set_to_none=True)
-                step_metrics = accumulate_policy_gradient(
+                metrics = accumulate_policy_gradient(
                     self.model,
                     [prompts[i] for i in rows],
                     [responses[i] for i in rows],
@@ -517,13 +489,17 @@ class Trainer:
                 )
                 all_reduce_gradients(params, self.dist)
                 clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
-                step_metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, clip))
+                metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, clip))
                 self.optimizer.step()
-                for key, value in step_metrics.items():
-                    sums[key] += value / steps
+                step_metrics.append(metrics)
                 progress.update(task, advance=1)
         progress.remove_task(task)
-        return {f"update/{k}": v for k, v in sums.items()}
+        combined = {key: float(np.mean([m[key] for m in step_metrics if key in m])) for key in step_metrics[0]}
+        for key, extreme in RATIO_EXTREMES.items():
+            if key in combined:
+                combined[key] = float(extreme(m[key] for m in step_metrics))
+        combined["optimizer_steps"] = float(len(step_metrics))
+        return {f"update/{k}": v for k, v in combined.items()}
 
     @torch.no_grad()
     def recompute_logprobs(self, batch: StepBatch) -> tuple[list[np.ndarray], dict[str, float]]:
@@ -545,20 +521,29 @@ class Trainer:
         }
 
     def evaluate(self, progress: Progress) -> dict[str, float]:
-        """Greedy (and sampled) success on the held-out seeds."""
+        """Greedy (and sampled) success on the held-out seeds; when greedy success reaches the
+        target, a greedy confirmation on ``trainer.confirm_episodes`` held-out seeds."""
         cfg = self.config
-        seeds = [EVAL_SEED_BASE + i for i in range(cfg.trainer.eval_episodes)]
         modes = ("greedy", "sampled") if cfg.trainer.eval_sampled else ("greedy",)
         metrics = {}
         for mode in modes:
-            stats = evaluate(
-                cfg.env.id, cfg.env.kwargs, self.engine, self.tokenizer, seeds,
-                greedy=mode == "greedy", config=cfg.rollout, progress=progress, pool=self.pool,
-            )
-            metrics[f"eval/{mode}_success"] = stats["success_rate"]
-            metrics[f"eval/{mode}_length"] = stats["mean_length"]
-            metrics[f"eval/{mode}_invalid_rate"] = stats["invalid_action_rate"]
+            metrics.update(self._evaluate_on(cfg.trainer.eval_episodes, mode, mode, progress))
+        target = cfg.trainer.target_success
+        if cfg.trainer.confirm_episodes and target is not None and metrics["eval/greedy_success"] >= target:
+            metrics.update(self._evaluate_on(cfg.trainer.confirm_episodes, "greedy", "confirm_greedy", progress))
         return metrics
+
+    def _evaluate_on(self, episodes: int, mode: str, name: str, progress: Progress) -> dict[str, float]:
+        cfg = self.config
+        stats = evaluate(
+            cfg.env.id, cfg.env.kwargs, self.engine, self.tokenizer, [EVAL_SEED_BASE + i for i in range(episodes)],
+            greedy=mode == "greedy", config=cfg.rollout, progress=progress, pool=self.pool,
+        )
+        return {
+            f"eval/{name}_success": stats["success_rate"],
+            f"eval/{name}_length": stats["mean_length"],
+            f"eval/{name}_invalid_rate": stats["invalid_action_rate"],
+        }
 
     # ---- the loop ---------------------------------------------------------------------------------
     def _save(self, best: bool) -> None:
@@ -576,7 +561,8 @@ class Trainer:
         return iteration == self.config.trainer.iterations or (every > 0 and iteration % every == 0)
 
     def _finish_iteration(self, metrics: dict[str, float], clock: float) -> bool:
-        """Track the best eval, log, checkpoint; True when the target success is reached."""
+        """Track the best eval, log, checkpoint; True when the target success is reached (and
+        confirmed, see ``trainer.confirm_episodes``)."""
         cfg = self.config
         success = metrics.get("eval/greedy_success")
         improved = success is not None and success > self.state["best_success"]
@@ -590,7 +576,8 @@ class Trainer:
         if improved or self.iteration % cfg.trainer.save_every == 0 or self.iteration == cfg.trainer.iterations:
             self._save(best=improved)
         target = cfg.trainer.target_success
-        return success is not None and target is not None and success >= target
+        decisive = metrics.get("eval/confirm_greedy_success", success)  # present when a confirmation ran
+        return decisive is not None and target is not None and decisive >= target
 
     def run(self) -> dict[str, Any]:
         """Train to ``trainer.iterations`` (or the target success); returns a summary."""

@@ -1,0 +1,204 @@
+"""The main job's learner settings compared as an experiment: arms x paired seeds on the README Maze.
+
+Every arm of a seed starts from that seed's one warm start (the default oracle clone, trained once),
+draws the same training seed stream and is evaluated greedily on the same held-out mazes, so the
+arms differ only in their learner settings (common random numbers). No early stop: every run trains
+``--iterations`` iterations and is evaluated every ``--eval-every`` on ``--eval-episodes`` mazes.
+
+    python -m benchmarks.main_job_defaults                         # the committed comparison
+    python -m benchmarks.main_job_defaults --arms previous,new --seeds 0 1 --iterations 10
+
+Outputs under ``--out`` (default ``benchmarks/results/main_job_defaults``): each run's
+``metrics.jsonl`` and ``config.yaml`` (no checkpoints), ``summary.json`` with every curve and the
+paired differences against the first arm, and ``curves.png``. Finished runs are skipped on a rerun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common import RESULTS_DIR, machine_info
+
+COMMON = (
+    "engine=hf", "trainer.target_success=null", "trainer.eval_sampled=false", "logging.tensorboard=false",
+    "logging.console=false", "trainer.save_every=1000",
+)
+ARMS: dict[str, tuple[str, ...]] = {
+    # The default before this comparison: GRPO's std-normalized advantages at both levels, GRPO's
+    # token-level loss, one optimizer step per batch.
+    "previous": ("algo=gigpo", "algo.advantage=grpo", "algo.step_normalize=mean_std", "algo.loss=grpo",
+                 "optim.minibatches=1"),
+    # The mission's stack: Dr.GRPO advantages (mean-centred, no std) and GSPO-token, 4 minibatches.
+    "new": ("algo=gigpo",),
+    "new-lr1e-4": ("algo=gigpo", "optim.lr=1e-4"),
+    "new-wide-clip": ("algo=gigpo", "algo.loss_kwargs={clip_low: 0.2, clip_high: 0.28}"),
+    "new-wide-clip-lr1e-4": ("algo=gigpo", "optim.lr=1e-4", "algo.loss_kwargs={clip_low: 0.2, clip_high: 0.28}"),
+    "new-env-penalty": ("algo=gigpo", "env.kwargs.invalid_action_penalty=0.01"),
+    "new-credit-penalty": ("algo=gigpo", "algo.invalid_penalty=0.01"),
+}
+"""Each arm is a set of config overrides on top of the embedded defaults (the main job)."""
+
+T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+"""Two-sided 95% Student-t quantiles by degrees of freedom 1..10 (the normal value beyond)."""
+
+
+def mean_ci(values) -> dict[str, float]:
+    """Mean and the half-width of its 95% t-interval (0 for a single value)."""
+    values = np.asarray(values, dtype=np.float64)
+    half = 0.0
+    if len(values) > 1:
+        t = T95[len(values) - 2] if len(values) - 1 <= len(T95) else 1.96
+        half = float(t * values.std(ddof=1) / np.sqrt(len(values)))
+    return {"mean": float(values.mean()), "ci95": half, "n": int(len(values))}
+
+
+def warm_start(seed: int, out: Path, threads: int) -> Path:
+    """The seed's shared warm start (the main job's iteration 0), trained once."""
+    from agent_rl.config import load_config
+    from training import checkpoint
+    from training.trainer import train
+
+    run_dir = out / "warm_start" / f"seed{seed}"
+    if not (run_dir / "DONE").exists():
+        shutil.rmtree(run_dir, ignore_errors=True)
+        train(load_config(overrides=[*COMMON, f"trainer.seed={seed}", f"trainer.run_dir={run_dir}",
+                                     "trainer.iterations=0", f"trainer.torch_threads={threads}"]))
+        (run_dir / "DONE").touch()
+    return checkpoint.find_checkpoint(run_dir, "sft").model_dir
+
+
+def run_arm(arm: str, seed: int, args: argparse.Namespace) -> list[dict]:
+    from agent_rl.config import load_config
+    from training.logger import read_metrics
+    from training.trainer import train
+
+    run_dir = args.out / "runs" / arm / f"seed{seed}"
+    if not (run_dir / "DONE").exists():
+        start_model = warm_start(seed, args.out, args.threads)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        train(load_config(overrides=[
+            *COMMON, *ARMS[arm], f"policy={start_model}", "sft.mode=none", f"trainer.seed={seed}",
+            f"trainer.run_dir={run_dir}", f"trainer.iterations={args.iterations}", f"trainer.eval_every={args.eval_every}",
+            f"trainer.eval_episodes={args.eval_episodes}", f"trainer.torch_threads={args.threads}",
+        ]))
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+        (run_dir / "DONE").touch()
+    return read_metrics(run_dir)
+
+
+def curve(records: list[dict]) -> dict[str, list[float]]:
+    evals = [r for r in records if r.get("eval/greedy_success") is not None]
+    return {
+        "iteration": [r["iteration"] for r in evals],
+        "greedy_success": [r["eval/greedy_success"] for r in evals],
+        "greedy_invalid_rate": [r["eval/greedy_invalid_rate"] for r in evals],
+        "sampled_rollout_success": [r.get("rollout/success_rate") for r in records if r["iteration"] > 0],
+        "clip_frac": [r.get("update/clip_frac") for r in records if r["iteration"] > 0],
+        "approx_kl": [r.get("update/approx_kl") for r in records if r["iteration"] > 0],
+        "seconds_per_iteration": float(np.mean([r.get("time/rollout", 0) + r.get("time/update", 0) + r.get("time/advantage", 0)
+                                                for r in records if r["iteration"] > 0])),
+    }
+
+
+def auc(c: dict[str, list[float]]) -> float:
+    """Mean greedy success over the evaluated iterations (trapezoid, normalized to the span)."""
+    x, y = np.asarray(c["iteration"], dtype=float), np.asarray(c["greedy_success"], dtype=float)
+    return float(np.trapezoid(y, x) / (x[-1] - x[0])) if len(x) > 1 else float(y.mean())
+
+
+def summarize(curves: dict[str, dict[int, dict]], seeds: list[int]) -> dict:
+    arms = list(curves)
+    summary = {}
+    for arm in arms:
+        per_seed = curves[arm]
+        summary[arm] = {
+            "final_greedy_success": mean_ci([per_seed[s]["greedy_success"][-1] for s in seeds]),
+            "auc_greedy_success": mean_ci([auc(per_seed[s]) for s in seeds]),
+            "mean_curve": np.mean([per_seed[s]["greedy_success"] for s in seeds], axis=0).tolist(),
+        }
+        if arm != arms[0]:
+            base = curves[arms[0]]
+            summary[arm]["paired_vs_" + arms[0]] = {
+                "final": mean_ci([per_seed[s]["greedy_success"][-1] - base[s]["greedy_success"][-1] for s in seeds]),
+                "auc": mean_ci([auc(per_seed[s]) - auc(base[s]) for s in seeds]),
+                "per_seed_final": [per_seed[s]["greedy_success"][-1] - base[s]["greedy_success"][-1] for s in seeds],
+            }
+    return summary
+
+
+def plot(curves: dict[str, dict[int, dict]], seeds: list[int], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(seeds) + 1, figsize=(3.2 * (len(seeds) + 1), 3.2), sharey=True)
+    for arm, per_seed in curves.items():
+        for ax, seed in zip(axes, seeds):
+            ax.plot(per_seed[seed]["iteration"], per_seed[seed]["greedy_success"], marker=".", label=arm)
+            ax.set_title(f"seed {seed}")
+        mean = np.mean([per_seed[s]["greedy_success"] for s in seeds], axis=0)
+        axes[-1].plot(per_seed[seeds[0]]["iteration"], mean, marker=".", label=arm)
+    axes[-1].set_title("mean over seeds")
+    for ax in axes:
+        ax.set_xlabel("iteration")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("greedy success, held-out mazes")
+    axes[-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arms", default="previous,new", help=f"comma-separated, the first is the baseline; known: {', '.join(ARMS)}")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument("--eval-episodes", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads per run")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "main_job_defaults")
+    parser.add_argument("--summarize-only", action="store_true", help="write the summary of finished runs")
+    args = parser.parse_args(argv)
+    arms = args.arms.split(",")
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        parser.error(f"unknown arm(s) {', '.join(unknown)}; known: {', '.join(ARMS)}")
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    start = time.perf_counter()
+    curves: dict[str, dict[int, dict]] = {arm: {} for arm in arms}
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as progress:
+        task = progress.add_task("runs", total=len(arms) * len(args.seeds))
+        for seed in args.seeds:
+            for arm in arms:
+                progress.update(task, description=f"{arm} / seed {seed}")
+                done = (args.out / "runs" / arm / f"seed{seed}" / "DONE").exists()
+                if done or not args.summarize_only:
+                    curves[arm][seed] = curve(run_arm(arm, seed, args))
+                progress.advance(task)
+    seeds = [s for s in args.seeds if all(s in curves[a] for a in arms)]
+    payload = {
+        "benchmark": "main_job_defaults", "machine": machine_info(), "arms": {a: list(ARMS[a]) for a in arms},
+        "common": list(COMMON), "seeds": seeds, "iterations": args.iterations, "eval_every": args.eval_every,
+        "eval_episodes": args.eval_episodes, "wall_s_of_this_invocation": time.perf_counter() - start,
+        "summary": summarize(curves, seeds) if seeds else {}, "curves": curves,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "summary.json").write_text(json.dumps(payload, indent=2) + "\n")
+    if seeds:
+        plot(curves, seeds, args.out / "curves.png")
+        print(json.dumps(payload["summary"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
