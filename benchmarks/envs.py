@@ -1,13 +1,17 @@
-"""Steps per second of every bundled text environment, one process, one core.
+"""Steps per second, reset time and oracle success of every registered text environment, one process.
 
 Each step takes a random admissible action (an environment without an admissible list gets a random
 choice among its oracle plan and a few malformed commands); resets are inside the timed loop, each
-with a fresh seed, so level generation is counted. TextWorld is the exception: its games are
-generated offline and cached by design, so its episodes cycle over a small pool of games generated
-before timing (the generation time is reported on its own).
+with a fresh seed, so level generation is counted (and also reported on its own, as the mean reset
+time). TextWorld is the exception: its games are generated offline and cached by design, so its
+episodes cycle over a small pool of games generated before timing (the generation time is reported
+on its own). After timing, environments with an oracle play it on ``--oracle-episodes`` seeds.
+``--scienceworld-tasks N`` adds, per ScienceWorld task, reset time and gold-path success on N train
+variations, and how many gold steps are among the valid and the shown actions.
 
     python benchmarks/envs.py                     # -> benchmarks/results/envs.json
     python benchmarks/envs.py --seconds 2 --env agent_rl/Maze-v0
+    python benchmarks/envs.py --env agent_rl/ScienceWorld-v0 --env textarena/Sokoban-v0 --name envs_suites
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ SEED_POOLS = {f"{NAMESPACE}/TextWorld-v0": 4}
 MALFORMED = ("", "help", "xyzzy", "1 2 +", "go", "(")
 
 
-def measure(env_id: str, seconds: float, seed_pool: int | None) -> dict:
+def measure(env_id: str, seconds: float, seed_pool: int | None, oracle_episodes: int) -> dict:
     env = gym.make(env_id)
     chooser = random.Random(0)
     generation_s = None
@@ -49,9 +53,12 @@ def measure(env_id: str, seconds: float, seed_pool: int | None) -> dict:
             env.reset(seed=seed)
         generation_s = (time.perf_counter() - start) / seed_pool
     steps = episodes = wins = 0
+    reset_s = 0.0
     start = time.perf_counter()
     while True:
+        reset_start = time.perf_counter()
         _, info = env.reset(seed=episodes % seed_pool if seed_pool else 1000 + episodes)
+        reset_s += time.perf_counter() - reset_start
         episodes += 1
         fallback = None if "admissible_actions" in info else [*oracle_actions(env), *MALFORMED]
         done = False
@@ -65,12 +72,15 @@ def measure(env_id: str, seconds: float, seed_pool: int | None) -> dict:
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
             break
+    oracle = oracle_success(env, oracle_episodes)
     env.close()
     result = {
         "steps": steps,
         "episodes": episodes,
         "seconds": round(elapsed, 3),
         "steps_per_s": round(steps / elapsed, 1),
+        "mean_reset_s": round(reset_s / episodes, 4),
+        "steps_per_s_without_resets": round(steps / (elapsed - reset_s), 1),
         "mean_episode_length": round(steps / episodes, 2),
         "random_success_rate": round(wins / episodes, 4),
         "seeds": f"pool of {seed_pool} pre-generated" if seed_pool else "fresh seed per episode",
@@ -80,31 +90,104 @@ def measure(env_id: str, seconds: float, seed_pool: int | None) -> dict:
         result["first_reset_s"] = round(generation_s, 3)
     if result["target_steps_per_s"]:
         result["meets_target"] = result["steps_per_s"] >= result["target_steps_per_s"]
+    result["oracle"] = oracle
     return result
+
+
+def oracle_success(env: gym.Env, episodes: int) -> dict | None:
+    """Play the oracle plan on seeds 0..episodes-1: success rate and mean plan length (None: no oracle)."""
+    wins, lengths = 0, []
+    for seed in range(episodes):
+        env.reset(seed=seed)
+        try:
+            plan = oracle_actions(env)
+        except NotImplementedError:
+            return None
+        info = {"won": False}
+        for action in plan:
+            *_, terminated, truncated, info = env.step(action)
+            if terminated or truncated:
+                break
+        wins += bool(info["won"])
+        lengths.append(len(plan))
+    return {"episodes": episodes, "success_rate": round(wins / max(episodes, 1), 4), "mean_plan_length": round(sum(lengths) / max(len(lengths), 1), 2)}
+
+
+def scienceworld_tasks(variations: int) -> dict:
+    """Per ScienceWorld task, on its first ``variations`` training seeds: reset time, the gold path's
+    success and length, and how many gold steps are among ScienceWorld's valid actions and among the
+    shown ones (the prompt's capped list) at the state where they are taken."""
+    from envs.scienceworld_env import ScienceWorldEnv, task_names
+
+    results = {}
+    with Progress(transient=True) as progress:
+        bar = progress.add_task("ScienceWorld tasks", total=len(task_names()))
+        for task in task_names():
+            progress.update(bar, description=f"ScienceWorld {task}")
+            env = ScienceWorldEnv(task=task)
+            reset_s, wins, gold, in_valid, shown, valid_counts, shown_counts = 0.0, 0, 0, 0, 0, [], []
+            for seed in range(variations):
+                start = time.perf_counter()
+                _, info = env.reset(seed=seed)
+                reset_s += time.perf_counter() - start
+                valid_counts.append(info["valid_action_count"])
+                shown_counts.append(len(info["admissible_actions"]))
+                for action in env.oracle():
+                    gold += 1
+                    in_valid += action in env.valid_actions()
+                    shown += action in info["admissible_actions"]
+                    *_, terminated, truncated, info = env.step(action)
+                    if terminated or truncated:
+                        break
+                wins += bool(info["won"])
+            env.close()
+            results[task] = {
+                "variations": variations,
+                "splits": {name: len(v) for name, v in env.splits.items()},
+                "mean_reset_s": round(reset_s / variations, 3),
+                "gold_success_rate": round(wins / variations, 3),
+                "mean_gold_length": round(gold / variations, 1),
+                "mean_valid_actions_at_start": round(sum(valid_counts) / variations, 1),
+                "mean_shown_actions_at_start": round(sum(shown_counts) / variations, 1),
+                "gold_steps_in_valid_list": round(in_valid / max(gold, 1), 3),
+                "gold_steps_shown": round(shown / max(gold, 1), 3),
+            }
+            progress.advance(bar)
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="timed wall-clock seconds per environment")
-    parser.add_argument("--env", action="append", default=[], help="only these ids (repeatable); default: bundled")
+    parser.add_argument("--env", action="append", default=[], help="only these ids (repeatable); default: all registered")
+    parser.add_argument("--oracle-episodes", type=int, default=10, help="seeds the oracle plays per environment")
+    parser.add_argument("--scienceworld-tasks", type=int, default=0, metavar="N", help="per-task ScienceWorld sweep on N variations")
+    parser.add_argument("--name", default="envs", help="result file name (default envs -> envs.json)")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/results)")
     args = parser.parse_args(argv)
-    env_ids = args.env or [env_id for env_id in text_env_specs() if env_id.startswith(f"{NAMESPACE}/")]
+    env_ids = args.env or list(text_env_specs())
     results = {}
     with Progress(transient=True) as progress:
         task = progress.add_task("environments", total=len(env_ids))
         for env_id in env_ids:
             progress.update(task, description=env_id)
-            results[env_id] = measure(env_id, args.seconds, SEED_POOLS.get(env_id))
+            results[env_id] = measure(env_id, args.seconds, SEED_POOLS.get(env_id), args.oracle_episodes)
             progress.advance(task)
     table = Table(title="Text environment throughput (one process)")
-    for column in ("env", "steps/s", "target", "episodes", "mean length", "seeds"):
+    for column in ("env", "steps/s", "target", "reset s", "episodes", "mean length", "oracle wins", "seeds"):
         table.add_column(column, overflow="fold")
     for env_id, r in results.items():
         target = f"{r['target_steps_per_s']:,}" if r["target_steps_per_s"] else "-"
-        table.add_row(env_id, f"{r['steps_per_s']:,.0f}", target, str(r["episodes"]), str(r["mean_episode_length"]), r["seeds"])
+        oracle = f"{r['oracle']['success_rate']:.0%}" if r["oracle"] else "-"
+        table.add_row(
+            env_id, f"{r['steps_per_s']:,.0f}", target, f"{r['mean_reset_s']:.3f}", str(r["episodes"]),
+            str(r["mean_episode_length"]), oracle, r["seeds"],
+        )
     Console().print(table)
-    path = write_result("envs", {"seconds_per_env": args.seconds, "results": results}, args.out)
+    payload = {"seconds_per_env": args.seconds, "results": results}
+    if args.scienceworld_tasks:
+        payload["scienceworld_tasks"] = scienceworld_tasks(args.scienceworld_tasks)
+    path = write_result(args.name, payload, args.out)
     print(f"wrote {path}")
     return 0
 

@@ -29,8 +29,6 @@ from typing import Any
 from envs.base import TextEnv, Transition
 from envs.registration import EnvUnavailableError
 
-EVALUATION_SEED_START = 2**31
-"""Seeds from here on are evaluation seeds: they play dev/test variations only."""
 EVAL_SPLITS = ("dev", "test")
 DEFAULT_TASK = "find-plant"
 SIMPLIFICATIONS = ("easy", "teleportAction", "selfWateringFlowerPots", "openContainers", "openDoors", "noElectricalAction")
@@ -164,6 +162,7 @@ class ScienceWorldEnv(TextEnv):
     """
 
     default_anchor_key = "state"
+    split_by_instance_key = False  # training seeds play train variations, evaluation seeds dev/test ones
 
     def __init__(
         self,
@@ -187,11 +186,11 @@ class ScienceWorldEnv(TextEnv):
         self.max_shown_actions = max_shown_actions
         self._gateway = None  # py4j JavaGateway, owning the Java process
         self._server = None  # ScienceWorld's PythonInterface object on the Java side
-        self._splits: dict[str, list[int]] = {}
+        self.splits: dict[str, list[int]] = {}
+        """ScienceWorld's train/dev/test variation indices of the task."""
         self._gold_paths: dict[int, list[str]] = {}
-        self._evaluation = False
         self.variation = -1
-        self._score = 0.0
+        self._score = 0
         self._completed = False
         self._valid: dict[str, None] = {}  # ordered, with O(1) membership
         self._shown: list[str] = []
@@ -210,9 +209,9 @@ class ScienceWorldEnv(TextEnv):
         )
         self._gateway = JavaGateway(gateway_parameters=GatewayParameters(port=port, auto_field=True), java_process=process)
         self._server = self._gateway.jvm.scienceworld.runtime.pythonapi.PythonInterface()
-        if not self._splits:
+        if not self.splits:
             self._call("load", self.task_name, 0, self.simplifications, False)
-            self._splits = {
+            self.splits = {
                 "train": list(self._call("getVariationsTrain")),
                 "dev": list(self._call("getVariationsDev")),
                 "test": list(self._call("getVariationsTest")),
@@ -257,15 +256,11 @@ class ScienceWorldEnv(TextEnv):
             ) from exc
 
     # ---- the game -----------------------------------------------------------------------------------
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        self._evaluation = seed is not None and seed >= EVALUATION_SEED_START
-        return super().reset(seed=seed, options=options)
-
     def _new_game(self, options: dict[str, Any] | None) -> str:
         if not self._java_alive():
             self._stop()
             self._start()
-        variations = self._splits[self.eval_split if self._evaluation else "train"]
+        variations = self.splits[self.eval_split if self.split == "eval" else "train"]
         variation = variations[int(self.np_random.integers(len(variations)))]
         return self._load(variation, gold=False)
 
@@ -283,7 +278,7 @@ class ScienceWorldEnv(TextEnv):
 
     def _refresh(self) -> None:
         """Read score, completion, valid actions and the anchor after a load or an executed command."""
-        self._score = float(self._call("getScore"))
+        self._score = round(100 * float(self._call("getScore")))  # 0-100, as ScienceWorld's own API reports it
         self._completed = bool(self._call("getCompleted"))
         look = str(self._call("freeActionLook"))
         inventory = str(self._call("freeActionInventory"))
@@ -311,7 +306,8 @@ class ScienceWorldEnv(TextEnv):
             text = entry["action"].lower()
             objects = [names.get(str(obj_id), "").lower() for obj_id in entry["obj_ids"]]
             hidden = self._hidden_type_ids.intersection(entry["type_ids"]) or ambiguous.intersection(objects)
-            if text in HIDDEN_ACTIONS or counts[text] > 1 or hidden:
+            unparsable = not all(_WORD.fullmatch(word) for word in text.split())  # e.g. book titles in parentheses
+            if text in HIDDEN_ACTIONS or counts[text] > 1 or hidden or unparsable:
                 continue
             ranked.append((_tier(text, objects, task_words, held), _verb_rank(text), text))
         shown = [text for *_, text in sorted(set(ranked))]
@@ -332,19 +328,19 @@ class ScienceWorldEnv(TextEnv):
         previous = self._score
         self._refresh()
         self._history.append((command, before, self._anchor))
-        delta = max(self._score, 0.0) - max(previous, 0.0)
+        delta = (max(self._score, 0) - max(previous, 0)) / 100
         return Transition(reply, terminated=self._score < 0, reward=delta)
 
     def _gate(self, command: str) -> str | None:
         """Why ``command`` may not reach ScienceWorld's parser, or None when it may."""
         if not command:
             return "Please type a command."
+        if command.split()[0] == "reset":  # ScienceWorld lists "reset task" among the valid actions
+            return "Resetting the task is disabled in this environment."
         if command in self._valid:
             return None
         if not all(_WORD.fullmatch(word) for word in command.split()):
             return f"'{command}' is not a ScienceWorld command: use lower-case letters, digits and spaces."
-        if command.split()[0] == "reset":
-            return "Resetting the task is disabled in this environment."
         if len(command.split()) < 2:
             return f"'{command}' is not a ScienceWorld action here; try one of: {', '.join(self._shown[:10])}."
         return None
@@ -356,7 +352,8 @@ class ScienceWorldEnv(TextEnv):
         Dropped: ``task`` and ``reset task``; actions on the agent, its inventory or the air (by
         ScienceWorld object type); action strings ScienceWorld lists for more than one object
         combination, and actions on an object whose name several objects in view share (the parser
-        would ask which one). The rest are ordered by tier, then alphabetically: (0) ``look
+        would ask which one); actions with characters other than letters, digits and spaces (its
+        parser rejects the book titles in parentheses that it lists). The rest are ordered by tier, then alphabetically: (0) ``look
         around``, ``inventory``, ``wait1``, ``wait``; (1) moving to a room (``teleport to`` /
         ``go to``, not to a door); (2) actions on an object whose name shares a word with the task
         description (stop words removed); (3) actions whose first object is in the inventory; (4)
@@ -375,6 +372,10 @@ class ScienceWorldEnv(TextEnv):
         objects in view and their states), the sorted inventory lines and the true/false flags of
         ScienceWorld's subgoals; never the step counter or the score text."""
         return self._anchor
+
+    def instance_key(self) -> str:
+        """The task, its simplifications and the variation played."""
+        return f"{self.task_name}|{self.simplifications}|{self.variation}"
 
     def is_won(self) -> bool:
         return self._completed
@@ -412,7 +413,7 @@ class ScienceWorldEnv(TextEnv):
 
     def _info(self, valid: bool, error: str | None) -> dict[str, Any]:
         info = super()._info(valid, error)
-        info["score"] = round(100 * self._score)
+        info["score"] = self._score
         info["variation"] = self.variation
         info["valid_action_count"] = len(self._valid)
         return info

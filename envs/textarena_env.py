@@ -53,7 +53,8 @@ class GameRules:
     state: Callable[[Any], Any]
     """The game state as JSON-able data (the anchor)."""
     instance: Callable[[Any, int], Any]
-    """Key of the instance a reset produced, from the game and its seed (for held-out splits)."""
+    """Key of the instance a reset produced, from the game and its seed, for the held-out split
+    (None: the game has a single instance and opts out)."""
     oracle: Callable[[Any], list[str]] | None = None
     """A winning move sequence from the current state, where one is cheap to compute."""
 
@@ -178,7 +179,7 @@ HANOI = GameRules(
     canonical=lambda g: f"[{g[0]} {g[1]}]",
     legal=lambda game: [f"[{s.lower()} {t.lower()}]" for s, t in _hanoi_moves(game.state.game_state["towers"])],
     state=lambda game: game.state.game_state["towers"],
-    instance=lambda game, seed: game.num_disks,
+    instance=lambda game, seed: None,  # one start position per disk count
     oracle=_hanoi_oracle,
 )
 
@@ -392,8 +393,11 @@ class TextArenaEnv(TextEnv):
         payload = json.dumps([self.game_id, self.rules.state(self._game), self._game.state.error_count], sort_keys=True)
         return blake2b(payload.encode(), digest_size=16).hexdigest()
 
-    def instance_key(self) -> str:
-        """Key of the game instance the last reset produced (for held-out evaluation splits)."""
+    def instance_key(self) -> str | None:
+        """Key of the game instance the last reset produced: training seeds only reach instances whose
+        key hashes to the training split, evaluation seeds the others (see ``envs.base``)."""
+        if self._instance is None:
+            return None
         return blake2b(json.dumps([self.game_id, self._instance]).encode(), digest_size=16).hexdigest()
 
     def is_won(self) -> bool:

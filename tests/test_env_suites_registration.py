@@ -1,0 +1,88 @@
+"""Registration of the third-party suites (ScienceWorld, TextArena): present when their extras are
+installed, listed as not available when not; ``agent-rl envs`` and ``agent-rl play`` on them."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import shutil
+import sys
+
+import gymnasium as gym
+import pytest
+
+import envs.registration as registration
+from agent_rl.cli import main
+from envs import text_env_specs, unavailable_envs
+
+pytest.importorskip("textarena")
+pytest.importorskip("scienceworld")
+
+from envs.textarena_env import GAMES, TextArenaEnv  # noqa: E402
+
+
+def _run(monkeypatch, capsys, argv: list[str], typed: str = "") -> tuple[int, str]:
+    monkeypatch.setattr(sys, "stdin", io.StringIO(typed))
+    monkeypatch.setenv("COLUMNS", "250")
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def test_installed_suites_are_registered():
+    specs = text_env_specs()
+    assert "agent_rl/ScienceWorld-v0" in specs and specs["agent_rl/ScienceWorld-v0"].default_anchor == "state"
+    for game in GAMES:
+        assert f"textarena/{game}" in specs and f"textarena/{game}" in gym.registry
+    assert "textarena/Wordle-v0" in gym.registry and "textarena/Wordle-v0" not in specs  # registered only to refuse
+    assert "textarena/Sokoban-v0-medium" in unavailable_envs()
+
+
+def test_missing_extras_are_listed_as_unavailable(monkeypatch):
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("scienceworld", "textarena") else real_find_spec(name, *a))
+    monkeypatch.setattr(registration, "_UNAVAILABLE", {})
+    registration.register_suites()
+    assert registration._UNAVAILABLE == {
+        "agent_rl/ScienceWorld-v0": "pip install 'agent-rl[scienceworld]' (it also needs Java)",
+        "textarena/*": "pip install 'agent-rl[textarena]'",
+    }
+
+
+def test_suites_stay_out_of_the_embedded_tokenizer_corpus():
+    from training.policy import covered_envs
+
+    ids, _ = covered_envs()
+    assert ids == ["agent_rl/Maze-v0", "agent_rl/MiniCode-v0", "agent_rl/Sokoban-v0", "agent_rl/TextWorld-v0"]
+
+
+def test_agent_rl_envs_lists_the_suites_and_what_is_left_out(monkeypatch, capsys):
+    code, out = _run(monkeypatch, capsys, ["envs"])
+    assert code == 0
+    for env_id in ("agent_rl/ScienceWorld-v0", "textarena/Sokoban-v0", "textarena/GuessTheNumber-v0", "textarena/Minesweeper-v0-small"):
+        assert env_id in out
+    assert "Not available here" in out and "textarena/Wordle-v0" in out and "needs NLTK data from the network" in out
+    assert "two or more players" in out
+
+
+def test_play_a_textarena_game_to_the_win(monkeypatch, capsys):
+    reference = TextArenaEnv(game="TowerOfHanoi-v0")
+    reference.reset(seed=0)
+    plan = reference.oracle()
+    typed = "hello\n" + "\n".join(plan) + "\n"
+    code, out = _run(monkeypatch, capsys, ["play", "textarena/TowerOfHanoi-v0"], typed)
+    assert code == 0 and "Tower of Hanoi with 3 disks" in out and "Actions: [a b] | [a c]" in out
+    assert f"won: return 1 after {len(plan) + 1} steps" in out
+
+
+def test_play_refuses_a_network_data_game_clearly(monkeypatch, capsys):
+    code, out = _run(monkeypatch, capsys, ["play", "textarena/Wordle-v0"])
+    assert code == 2 and "textarena/Wordle-v0 is not available here: needs NLTK data from the network" in out
+    assert "Traceback" not in out
+
+
+@pytest.mark.skipif(shutil.which("java") is None, reason="ScienceWorld needs Java")
+def test_play_scienceworld(monkeypatch, capsys):
+    code, out = _run(monkeypatch, capsys, ["play", "agent_rl/ScienceWorld-v0", "task=boil"], "look around\nquit\n:quit\n")
+    assert code == 0 and "Task: Your task is to boil" in out and "Actions: inventory | look around" in out
+    assert "is not a ScienceWorld action here" in out and "bye" in out
