@@ -1,8 +1,9 @@
 """ScienceWorld (the ``scienceworld`` package: 30 elementary-science tasks simulated in Java) as an
 agent-rl text environment, ``agent_rl/ScienceWorld-v0``.
 
-One Java process per environment, started by the constructor through py4j and stopped by
-``close()``. A reset loads a task variation (tenths of a second to a few seconds, depending on the
+One Java process per environment, started by the constructor through py4j (with constant identity
+hash codes, see :data:`JAVA_OPTIONS`) and stopped by ``close()``; if it dies, the step raises and
+the next reset starts a new one. A reset loads a task variation (tenths of a second to a few seconds, depending on the
 task); a step is a few py4j round trips. Training seeds (< 2**31) play the task's *train*
 variations, evaluation seeds play its *dev* (default) or *test* variations, so an evaluation seed
 never reaches a training instance.
@@ -131,7 +132,7 @@ def check_simplifications(task: str, simplifications: str) -> str:
 
 
 def find_java() -> str:
-    """Path of the ``java`` that py4j will launch (it runs ``java`` from PATH), or a clear error."""
+    """The ``java`` on PATH, which runs the simulator, or an error that says how to install one."""
     java = shutil.which("java")
     if java is None:
         raise EnvUnavailableError(JAVA_MISSING)
@@ -196,8 +197,8 @@ class ScienceWorldEnv(TextEnv):
         self._shown: list[str] = []
         self._anchor = ""
         self._history: list[tuple[str, str, str]] = []  # (command, anchor before, anchor after) of executed commands
-        self._start()
         self._hidden_type_ids = _type_ids(HIDDEN_TYPES)
+        self._start()
 
     # ---- the Java process -------------------------------------------------------------------------
     def _start(self) -> None:
@@ -225,11 +226,8 @@ class ScienceWorldEnv(TextEnv):
             return
         gateway, self._gateway, self._server = self._gateway, None, None
         process = gateway.java_process
-        try:
-            gateway.shutdown()
-        except Exception:  # a dead gateway may fail to shut down cleanly; the process is ended below
-            pass
         if process.poll() is None:
+            gateway.shutdown()
             process.stdin.write(b"\n")  # the py4j gateway server exits on a line on its stdin
             process.stdin.flush()
             try:
@@ -237,15 +235,21 @@ class ScienceWorldEnv(TextEnv):
             except Exception:
                 process.kill()
                 process.wait()
+        # Mark the client closed, so that proxies of Java objects collected later do not try to reach a
+        # dead JVM (each try logs a traceback, from inside the garbage collector).
+        gateway._gateway_client.is_connected = False
+        gateway._gateway_client.close()
 
     def _call(self, method: str, *args: Any) -> Any:
-        """One call into the simulator; a dead Java process becomes a RuntimeError naming the way out."""
+        """Call ``method`` of the simulator's interface (or a static ``util.…`` method of its JVM); a
+        dead Java process becomes a RuntimeError naming the way out."""
         from py4j.protocol import Py4JError
 
         try:
-            if method == "resetObjectIds":
-                return self._gateway.jvm.util.UniqueIdentifier.reset()
-            return getattr(self._server, method)(*args)
+            target = self._gateway.jvm if method.startswith("util.") else self._server
+            for name in method.split("."):
+                target = getattr(target, name)
+            return target(*args)
         except Py4JError as exc:
             alive = self._java_alive()
             self._stop()
@@ -266,7 +270,7 @@ class ScienceWorldEnv(TextEnv):
 
     def _load(self, variation: int, gold: bool) -> str:
         self.variation = variation
-        self._call("resetObjectIds")  # equal object ids on every load of a variation
+        self._call("util.UniqueIdentifier.reset")  # equal object ids on every load of a variation
         self._call("load", self.task_name, variation, self.simplifications, gold)
         if gold:
             self._gold_paths[variation] = [str(a) for a in self._call("getGoldActionSequence")]
