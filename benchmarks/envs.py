@@ -124,7 +124,7 @@ def scienceworld_tasks(variations: int) -> dict:
         bar = progress.add_task("ScienceWorld tasks", total=len(task_names()))
         for task in task_names():
             progress.update(bar, description=f"ScienceWorld {task}")
-            env = ScienceWorldEnv(task=task)
+            env = ScienceWorldEnv(task=task, max_steps=10_000)  # the longest gold paths have a few hundred steps
             reset_s, wins, gold, in_valid, shown, valid_counts, shown_counts = 0.0, 0, 0, 0, 0, [], []
             for seed in range(variations):
                 start = time.perf_counter()

@@ -8,6 +8,7 @@ from typing import Any
 import gymnasium as gym
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from envs.registration import EnvUnavailableError, import_modules, text_env_specs, unavailable_envs
@@ -27,7 +28,7 @@ def list_envs(imports: list[str] | tuple[str, ...] = ()) -> int:
     table.add_column("anchor")
     table.add_column("description")
     for spec in text_env_specs().values():
-        table.add_row(spec.id, spec.default_anchor, spec.description)
+        table.add_row(escape(spec.id), spec.default_anchor, escape(spec.description))  # "[up]" is text, not markup
     console = Console()
     console.print(table)
     left_out = unavailable_envs()
@@ -36,7 +37,7 @@ def list_envs(imports: list[str] | tuple[str, ...] = ()) -> int:
         missing.add_column("id", overflow="fold")
         missing.add_column("why / how to get it")
         for env_id, reason in left_out.items():
-            missing.add_row(env_id, reason)
+            missing.add_row(escape(env_id), escape(reason))
         console.print(missing)
     return 0
 

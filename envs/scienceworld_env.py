@@ -14,8 +14,9 @@ such phrasings: ``focus on thermometer in inventory``, ``examine ...``, ``drop .
 is passed to ScienceWorld's parser when it is lower-case ASCII words only, is not ``reset ...`` (the
 one command that rewinds the task), and is either one of the listed valid actions or at least two
 words long. The parser matches it against the action templates and the objects in view; input it
-cannot match, or matches ambiguously, comes back invalid and leaves the state unchanged (an
-ambiguous match is cancelled at once).
+cannot match comes back invalid and leaves the state unchanged. Input it matches ambiguously gets
+ScienceWorld's question ("enter the number for the action you intended"), whose numbers are then the
+admissible actions; anything else cancels the question, as in ScienceWorld.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ TASK_STOPWORDS = frozenset(
     "with without which when you can cause take actions action thing things state focus move".split()
 )
 _WORD = re.compile(r"[a-z0-9]+")
+_OPTION = re.compile(r"^\d+:\t", re.MULTILINE)
 _SUBGOAL_FLAG = re.compile(r"^\d+\t(true|false)\t", re.MULTILINE)
 
 
@@ -196,6 +198,7 @@ class ScienceWorldEnv(TextEnv):
         self._valid: dict[str, None] = {}  # ordered, with O(1) membership
         self._shown: list[str] = []
         self._anchor = ""
+        self._question: tuple[str, int] | None = None  # (ambiguous command, number of options) awaiting an answer
         self._history: list[tuple[str, str, str]] = []  # (command, anchor before, anchor after) of executed commands
         self._hidden_type_ids = _type_ids(HIDDEN_TYPES)
         self._start()
@@ -276,7 +279,7 @@ class ScienceWorldEnv(TextEnv):
             self._gold_paths[variation] = [str(a) for a in self._call("getGoldActionSequence")]
         observation = self._call("step", "look around")
         self.task = str(self._call("getTaskDescription"))
-        self._history = []
+        self._history, self._question = [], None
         self._refresh()
         return observation
 
@@ -321,24 +324,26 @@ class ScienceWorldEnv(TextEnv):
         rejection = self._gate(command)
         if rejection:
             return Transition(rejection, valid=False, error=rejection)
-        before = self._anchor
+        before, previous, question = self.anchor(), self._score, self._question
         reply = str(self._call("step", command))
-        if reply.startswith(AMBIGUOUS_REPLY):
-            self._call("step", "")  # cancels ScienceWorld's pending "enter the number" question
-            message = f"'{command}' is ambiguous here. {reply.split(':', 1)[-1].replace('(or blank to cancel)', '').strip()}"
-            return Transition(message, valid=False, error=reply)
-        if reply.startswith(NO_MATCH_REPLIES):
+        if reply.startswith(NO_MATCH_REPLIES) and question is None:
             return Transition(f"'{command}' is not an action ScienceWorld understands here. {reply}", valid=False, error=reply)
-        previous = self._score
-        self._refresh()
-        self._history.append((command, before, self._anchor))
+        self._question = _question(command, reply)
+        if self._question is None:
+            self._refresh()  # also after a cancelled question: ScienceWorld counts that as a move
+        self._history.append((command, before, self.anchor()))
         delta = (max(self._score, 0) - max(previous, 0)) / 100
-        return Transition(reply, terminated=self._score < 0, reward=delta)
+        if question is not None and reply.startswith(NO_MATCH_REPLIES):
+            message = f"That cancelled ScienceWorld's question: '{command}' is not one of its numbers. {reply}"
+            return Transition(message, valid=False, error=reply, terminated=self._score < 0, reward=delta)
+        return Transition(reply.replace(" (or blank to cancel)", ""), terminated=self._score < 0, reward=delta)
 
     def _gate(self, command: str) -> str | None:
         """Why ``command`` may not reach ScienceWorld's parser, or None when it may."""
         if not command:
             return "Please type a command."
+        if self._question is not None and command in self.admissible_actions():
+            return None
         if command.split()[0] == "reset":  # ScienceWorld lists "reset task" among the valid actions
             return "Resetting the task is disabled in this environment."
         if command in self._valid:
@@ -364,7 +369,12 @@ class ScienceWorldEnv(TextEnv):
         other one-object actions; (5) ``look at`` / ``look in`` an object; (6) other two-object
         actions. Within a tier, by verb (:data:`VERB_ORDER`: focus on, pick up, open, close,
         activate, ...), then alphabetically. The first ``max_shown_actions`` are shown.
+
+        While ScienceWorld asks which of several matches an ambiguous action meant, the admissible
+        actions are the numbers of its options.
         """
+        if self._question is not None:
+            return [str(i) for i in range(self._question[1])]
         return list(self._shown)
 
     def valid_actions(self) -> list[str]:
@@ -374,8 +384,11 @@ class ScienceWorldEnv(TextEnv):
     def anchor(self) -> str:
         """blake2b of the task, the variation, the sorted lines of the room description (location,
         objects in view and their states), the sorted inventory lines and the true/false flags of
-        ScienceWorld's subgoals; never the step counter or the score text."""
-        return self._anchor
+        ScienceWorld's subgoals (and the pending ambiguous action, while ScienceWorld asks about
+        one); never the step counter or the score text."""
+        if self._question is None:
+            return self._anchor
+        return blake2b(f"{self._anchor}\n? {self._question[0]}".encode(), digest_size=16).hexdigest()
 
     def instance_key(self) -> str:
         """The task, its simplifications and the variation played."""
@@ -406,13 +419,13 @@ class ScienceWorldEnv(TextEnv):
 
     def _regenerate_with_gold(self) -> None:
         """Reload the variation with its gold path and replay this episode's commands."""
-        history, anchor, score = self._history, self._anchor, self._score
+        history, anchor, score = self._history, self.anchor(), self._score
         self._load(self.variation, gold=True)
         for command, _, _ in history:
-            self._call("step", command)
+            self._question = _question(command, str(self._call("step", command)))
         self._refresh()
         self._history = history
-        if (self._anchor, self._score) != (anchor, score):
+        if (self.anchor(), self._score) != (anchor, score):
             raise RuntimeError(f"replaying {len(history)} commands of variation {self.variation} did not reproduce the state")
 
     def _info(self, valid: bool, error: str | None) -> dict[str, Any]:
@@ -425,6 +438,11 @@ class ScienceWorldEnv(TextEnv):
     def close(self) -> None:
         self._stop()
         super().close()
+
+
+def _question(command: str, reply: str) -> tuple[str, int] | None:
+    """(command, number of options) when ScienceWorld answered ``command`` with its ambiguity question."""
+    return (command, len(_OPTION.findall(reply))) if reply.startswith(AMBIGUOUS_REPLY) else None
 
 
 def _lines(text: str) -> list[str]:

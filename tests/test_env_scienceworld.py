@@ -137,6 +137,36 @@ def test_oracle_continues_after_looking_and_restarts_after_a_detour(env):
     assert env.oracle() == plan  # the gold path cannot re-plan: the whole path from the start
 
 
+@needs_java
+@pytest.mark.slow
+def test_an_ambiguous_action_asks_which_one_and_the_numbers_answer():
+    environment = ScienceWorldEnv(task="grow-plant", max_steps=1000)
+    environment.reset(seed=0)
+    plan = environment.oracle()  # its gold path answers a question with "0"
+    asked = plan.index("0") - 1
+    for action in plan[:asked]:
+        environment.step(action)
+    anchor = environment.anchor()
+    observation, _, _, _, info = environment.step(plan[asked])
+    assert info["action_valid"] and observation.startswith("Ambiguous request: Please enter the number")
+    options = info["admissible_actions"]
+    assert options[:2] == ["0", "1"] and options == [str(i) for i in range(len(options))] and info["anchor"] != anchor
+    observation, _, _, _, info = environment.step("look around")  # not a number: cancels the question, as in ScienceWorld
+    assert not info["action_valid"] and info["error"].startswith("Unknown action.")
+    assert observation.startswith("That cancelled ScienceWorld's question")
+    assert info["admissible_actions"][0] == "inventory"
+    environment.step(plan[asked])
+    _, _, _, _, info = environment.step("0")
+    assert info["action_valid"] and info["admissible_actions"][0] == "inventory"
+    environment.reset(seed=0)
+    for action in environment.oracle():
+        *_, terminated, _, info = environment.step(action)
+        if terminated:
+            break
+    assert info["won"]
+    environment.close()
+
+
 def test_failing_the_task_terminates_without_a_win(env):
     _, info = env.reset(seed=2)
     wrong = next(a for a in info["admissible_actions"] if a.startswith("focus on ") and "plant" not in a and "tree" not in a)

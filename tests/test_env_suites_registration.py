@@ -63,6 +63,7 @@ def test_agent_rl_envs_lists_the_suites_and_what_is_left_out(monkeypatch, capsys
         assert env_id in out
     assert "Not available here" in out and "textarena/Wordle-v0" in out and "needs NLTK data from the network" in out
     assert "two or more players" in out
+    assert "moves [up] [down] [left] [right]" in out  # bracketed moves are text, not rich markup
 
 
 def test_play_a_textarena_game_to_the_win(monkeypatch, capsys):
