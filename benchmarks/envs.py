@@ -44,7 +44,9 @@ MALFORMED = ("", "help", "xyzzy", "1 2 +", "go", "(")
 
 
 def measure(env_id: str, seconds: float, seed_pool: int | None, oracle_episodes: int) -> dict:
+    start = time.perf_counter()
     env = gym.make(env_id)
+    make_s = time.perf_counter() - start
     chooser = random.Random(0)
     generation_s = None
     if seed_pool:
@@ -79,6 +81,7 @@ def measure(env_id: str, seconds: float, seed_pool: int | None, oracle_episodes:
         "episodes": episodes,
         "seconds": round(elapsed, 3),
         "steps_per_s": round(steps / elapsed, 1),
+        "make_s": round(make_s, 3),
         "mean_reset_s": round(reset_s / episodes, 4),
         "steps_per_s_without_resets": round(steps / (elapsed - reset_s), 1),
         "mean_episode_length": round(steps / episodes, 2),
@@ -113,10 +116,21 @@ def oracle_success(env: gym.Env, episodes: int) -> dict | None:
     return {"episodes": episodes, "success_rate": round(wins / max(episodes, 1), 4), "mean_plan_length": round(sum(lengths) / max(len(lengths), 1), 2)}
 
 
+def resident_mb(pid: int) -> float | None:
+    """Resident memory of a process in MB (Linux /proc; None elsewhere)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    kilobytes = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
+    return round(kilobytes / 1024, 1)
+
+
 def scienceworld_tasks(variations: int) -> dict:
     """Per ScienceWorld task, on its first ``variations`` training seeds: reset time, the gold path's
-    success and length, and how many gold steps are among ScienceWorld's valid actions and among the
-    shown ones (the prompt's capped list) at the state where they are taken."""
+    success and length, how many gold steps are among ScienceWorld's valid actions and among the
+    shown ones (the prompt's capped list) at the state where they are taken, and the Java process's
+    resident memory at the end."""
     from envs.scienceworld_env import ScienceWorldEnv, task_names
 
     results = {}
@@ -140,6 +154,7 @@ def scienceworld_tasks(variations: int) -> dict:
                     if terminated or truncated:
                         break
                 wins += bool(info["won"])
+            java_rss_mb = resident_mb(env._gateway.java_process.pid)
             env.close()
             results[task] = {
                 "variations": variations,
@@ -151,6 +166,7 @@ def scienceworld_tasks(variations: int) -> dict:
                 "mean_shown_actions_at_start": round(sum(shown_counts) / variations, 1),
                 "gold_steps_in_valid_list": round(in_valid / max(gold, 1), 3),
                 "gold_steps_shown": round(shown / max(gold, 1), 3),
+                "java_resident_mb_after": java_rss_mb,
             }
             progress.advance(bar)
     return results

@@ -45,8 +45,9 @@ JAVA_MISSING = (
 JAVA_OPTIONS = ("-XX:+UnlockExperimentalVMOptions", "-XX:hashCode=2")
 """Constant identity hash codes: ScienceWorld names objects (and so its valid actions) while iterating
 hash sets of objects, so with the JVM's default per-object hash codes the same state can list its
-actions under different names from one load to the next (6 of 40 find-plant variations did); with
-a constant hash code, sets iterate in insertion order and every load names alike."""
+actions under different names from one load to the next (variations with several objects of one
+kind, such as cups of paint, did); with a constant hash code, sets iterate in insertion order and
+every load names alike."""
 NO_MATCH_REPLIES = ("No known action matches that input.", "Unknown action.")
 AMBIGUOUS_REPLY = "Ambiguous request"
 ALWAYS_SHOWN = ("look around", "inventory", "wait1", "wait")
@@ -128,6 +129,8 @@ def check_simplifications(task: str, simplifications: str) -> str:
     for part in parts:
         if part not in SIMPLIFICATIONS:
             raise ValueError(f"unknown ScienceWorld simplification {part!r}; valid: {', '.join(SIMPLIFICATIONS)}")
+    if "easy" in parts and len(parts) > 1:
+        raise ValueError("ScienceWorld's 'easy' preset cannot be combined; list the simplifications instead")
     if "noElectricalAction" in parts and any(marker in task for marker in ELECTRICAL_TASK_MARKERS):
         raise ValueError(f"task {task!r} needs electrical actions; drop noElectricalAction from simplifications")
     return ",".join(parts)
@@ -147,11 +150,12 @@ class ScienceWorldEnv(TextEnv):
     Knobs:
         task: a task name (``"boil"``, ``"find-plant"``, ...), ScienceWorld task id (``"4-3"``) or
             index into :func:`task_names` (default ``"find-plant"``: short, and its gold path wins).
-        simplifications: ScienceWorld's simplification string (default ``"easy"``: teleport to any
-            room, doors and containers start open, flower pots water themselves, and no electrical
-            ``connect`` actions on tasks that do not need them; ScienceWorld itself keeps electrical
-            actions on the electrical tasks). Small models get short horizons and a valid-action
-            list that is mostly about the task; ``""`` plays the full game.
+        simplifications: ScienceWorld's simplification string (default ``"easy"``, ScienceWorld's
+            own preset: teleport to any room, doors start open, flower pots water themselves, and no
+            electrical ``connect`` actions except on the four electrical tasks). Small models get
+            short horizons and a valid-action list that is mostly about the task; ``""`` plays the
+            full game; ``openContainers`` (not part of ``easy``, which cannot be combined with
+            others) opens containers too.
         eval_split: ``"dev"`` (default) or ``"test"``: the variations evaluation seeds play.
         max_shown_actions: how many actions ``info["admissible_actions"]`` shows (default 50;
             ``None`` shows every valid action). See :meth:`admissible_actions` for the rule.

@@ -57,6 +57,8 @@ def test_simplifications_are_checked():
         check_simplifications("boil", "fly")
     with pytest.raises(ValueError, match="needs electrical actions"):
         check_simplifications("power-component", "noElectricalAction")
+    with pytest.raises(ValueError, match="'easy' preset cannot be combined"):  # ScienceWorld would fail at load
+        check_simplifications("boil", "easy,openContainers")
 
 
 def test_missing_java_says_how_to_install_it(monkeypatch, tmp_path):
