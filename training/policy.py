@@ -104,12 +104,12 @@ def load_tokenizer(path: str | os.PathLike):
 def embedded_policy_dir(cache_dir: str | os.PathLike | None = None, env_ids: list[str] | None = None) -> Path:
     """Directory of the embedded policy, building it on first use (safe across processes).
 
-    Its tokenizer covers ``env_ids`` (default: the bundled environments, so the default model does
-    not depend on which plugins happen to be registered)."""
+    Its tokenizer covers ``env_ids`` (default: the games listed in ``tiny_policy.json``, so the
+    default model depends neither on registered plugins nor on optional third-party suites)."""
     from filelock import FileLock
 
     config = json.loads(POLICY_CONFIG.read_text())
-    env_ids, env_digests = covered_envs(env_ids)
+    env_ids, env_digests = covered_envs(env_ids if env_ids is not None else config["tokenizer"]["envs"])
     # The build code and the prompt templates are part of the key: editing them rebuilds.
     code = {name: _source_digest(name) for name in ("training.policy", "training.prompts")}
     key_material = json.dumps({"config": config, "envs": env_digests, "code": code}, sort_keys=True)
@@ -131,15 +131,12 @@ def embedded_policy_dir(cache_dir: str | os.PathLike | None = None, env_ids: lis
     return target
 
 
-def covered_envs(env_ids: list[str] | None = None) -> tuple[list[str], dict[str, str]]:
-    """The env ids whose entry point imports (default: the bundled ones), with a digest of each
-    one's source module."""
+def covered_envs(env_ids: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Those of ``env_ids`` whose entry point imports, with a digest of each one's source module."""
     import gymnasium as gym
 
-    from envs import text_env_spec, text_env_specs
+    from envs import text_env_spec
 
-    if env_ids is None:
-        env_ids = [i for i in text_env_specs() if str(gym.spec(i).entry_point).startswith("envs.")]
     ids, digests = [], {}
     for env_id in env_ids:
         text_env_spec(env_id)  # unknown ids raise a KeyError naming the registered ones
