@@ -91,17 +91,11 @@ def register_bundled() -> None:
 
 def register_suites() -> None:
     """Register the third-party suites whose extras are installed; record the others as unavailable.
-
-    They are registered with their classes rather than ``"module:Class"`` strings: the embedded
-    policy's tokenizer corpus (``training.policy.covered_envs``) takes the environments registered by
-    ``envs.`` module path, and these suites need Java or a multi-second import, and would change it.
-    """
+    Neither suite is imported here: ``gymnasium.make`` imports it."""
     if importlib.util.find_spec("scienceworld") is not None:
-        from envs.scienceworld_env import ScienceWorldEnv
-
         register_text_env(
             f"{NAMESPACE}/ScienceWorld-v0",
-            ScienceWorldEnv,
+            "envs.scienceworld_env:ScienceWorldEnv",
             description="ScienceWorld's 30 science tasks (boil, grow a plant, build a circuit, ...) in its Java "
             "simulator; train/dev/test variations; gold-path oracle.",
             default_anchor="state",

@@ -30,6 +30,7 @@ from envs.base import TextEnv, Transition
 from envs.registration import EnvUnavailableError, register_text_env
 
 NAMESPACE = "textarena"
+ENTRY_POINT = "envs.textarena_env:TextArenaEnv"
 DIRECTIONS = ("up", "down", "left", "right")
 DIRECTION_ALIASES = {"w": "up", "a": "left", "s": "down", "d": "right"}
 _OUTSIDE_CHARSET = str.maketrans({"√": "*"})
@@ -414,9 +415,8 @@ def register_textarena() -> dict[str, str]:
     """Register the adapted games (and the network-data games, which refuse with a clear error at
     ``gymnasium.make``); return the left-out ids with the reason for each."""
     for game, rules in GAMES.items():
-        register_text_env(
-            f"{NAMESPACE}/{game}", TextArenaEnv, description=f"TextArena {game}: {rules.description}.", default_anchor="state", game=game
-        )
+        description = f"TextArena {game}: {rules.description}."
+        register_text_env(f"{NAMESPACE}/{game}", ENTRY_POINT, description=description, default_anchor="state", game=game)
     for game in NETWORK_DATA:
-        gym.register(id=f"{NAMESPACE}/{game}", entry_point=TextArenaEnv, kwargs={"game": game}, disable_env_checker=True)
+        gym.register(id=f"{NAMESPACE}/{game}", entry_point=ENTRY_POINT, kwargs={"game": game}, disable_env_checker=True)
     return {**{f"{NAMESPACE}/{game}": f"needs NLTK data from the network ({', '.join(r)})" for game, r in NETWORK_DATA.items()}, **LEFT_OUT}
