@@ -70,7 +70,8 @@ def play(
         return 2
     specs = text_env_specs()
     if env_id not in specs:
-        reason = unavailable_envs().get(env_id)
+        left_out = unavailable_envs()
+        reason = left_out.get(env_id) or left_out.get(env_id.split("/")[0] + "/*")
         message = f"{env_id} is not available here: {reason}" if reason else f"unknown text environment {env_id!r}; registered: {', '.join(specs)}"
         errors.print(message, style="red", markup=False)
         return 2

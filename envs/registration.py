@@ -2,7 +2,9 @@
 
 ``register_text_env`` registers with Gymnasium *and* records the metadata agent-rl needs (a one-line
 description and the default anchor key). Third-party packages expose a zero-argument function under
-the ``agent_rl.envs`` entry-point group; :func:`load_plugins` calls them all once.
+the ``agent_rl.envs`` entry-point group; :func:`load_plugins` calls them all once. The third-party
+suites (ScienceWorld, TextArena) are registered when their extras are installed; what is not
+available here, and why, is listed by :func:`unavailable_envs`.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ def test_installed_suites_are_registered():
     assert "textarena/Sokoban-v0-medium" in unavailable_envs()
 
 
-def test_missing_extras_are_listed_as_unavailable(monkeypatch):
+def test_missing_extras_are_listed_as_unavailable(monkeypatch, capsys):
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("scienceworld", "textarena") else real_find_spec(name, *a))
     monkeypatch.setattr(registration, "_UNAVAILABLE", {})
@@ -48,6 +48,8 @@ def test_missing_extras_are_listed_as_unavailable(monkeypatch):
         "agent_rl/ScienceWorld-v0": "pip install 'agent-rl[scienceworld]' (it also needs Java)",
         "textarena/*": "pip install 'agent-rl[textarena]'",
     }
+    code, out = _run(monkeypatch, capsys, ["play", "textarena/Chess-v0"])  # any id of the missing suite
+    assert code == 2 and "textarena/Chess-v0 is not available here: pip install 'agent-rl[textarena]'" in out
 
 
 def test_registering_imports_neither_suite():
