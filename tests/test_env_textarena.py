@@ -17,11 +17,10 @@ pytest.importorskip("textarena")
 
 from envs.textarena_env import GAMES, NETWORK_DATA, TextArenaEnv  # noqa: E402
 
-FAMILIES = ["Sokoban-v0", "FrozenLake-v0", "TowerOfHanoi-v0", "GuessTheNumber-v0", "Minesweeper-v0"]
 WITH_ORACLE = ["Sokoban-v0", "FrozenLake-v0", "FrozenLake-v0-random", "TowerOfHanoi-v0-medium", "GuessTheNumber-v0", "GuessTheNumber-v0-hardcore"]
 
 
-@pytest.mark.parametrize("game", [pytest.param(g, marks=pytest.mark.slow) if g == "Sokoban-v0" else g for g in FAMILIES])
+@pytest.mark.parametrize("game", [pytest.param(g, marks=pytest.mark.slow) if g == "Sokoban-v0" else g for g in GAMES])
 def test_checker_passes(game):
     report = check_text_env(f"textarena/{game}")  # Sokoban: about 14 s, TextArena's generator takes up to 1.6 s a reset
     assert report.checks[-1] == "usable_after_fuzz" and report.env_id == f"textarena/{game}"
