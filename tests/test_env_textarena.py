@@ -22,7 +22,7 @@ WITH_ORACLE = ["Sokoban-v0", "FrozenLake-v0", "FrozenLake-v0-random", "TowerOfHa
 
 @pytest.mark.parametrize("game", [pytest.param(g, marks=pytest.mark.slow) if g == "Sokoban-v0" else g for g in GAMES])
 def test_checker_passes(game):
-    report = check_text_env(f"textarena/{game}")  # Sokoban: about 14 s, TextArena's generator takes up to 1.6 s a reset
+    report = check_text_env(f"textarena/{game}")  # Sokoban is slow: TextArena generates each level (up to 1.6 s)
     assert report.checks[-1] == "usable_after_fuzz" and report.env_id == f"textarena/{game}"
 
 
