@@ -7,7 +7,8 @@ import copy
 import pytest
 import torch
 
-from training.engines import HFEngine, SamplingParams, sequence_logprobs
+from training.engines import HFEngine, SamplingParams
+from training.learner import sequence_logprobs
 from training.policy import load_policy
 
 pytestmark = pytest.mark.ray
@@ -19,7 +20,7 @@ def _prompts(tokenizer):
 
 
 def test_ray_replicas_match_the_local_engine_before_and_after_a_weight_update(ray_local):
-    from training.distributed import RayEngine
+    from training.ray_engine import RayEngine
 
     model, tokenizer = load_policy("embedded")
     prompts = _prompts(tokenizer)
@@ -50,7 +51,7 @@ def test_ray_replicas_match_the_local_engine_before_and_after_a_weight_update(ra
 
 
 def test_ray_engine_rejects_bad_arguments(ray_local):
-    from training.distributed import RayEngine
+    from training.ray_engine import RayEngine
 
     model, tokenizer = load_policy("embedded")
     with pytest.raises(ValueError, match="n_replicas"):

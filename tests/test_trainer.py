@@ -11,18 +11,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-import gymnasium as gym
 import numpy as np
+import gymnasium as gym
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_rl.batch import StepBatch
 from agent_rl.config import load_config
 from training import checkpoint
+from training.learner import accumulate_policy_gradient, minibatch_count, plan_micro_batches, sequence_logprobs
 from training.logger import read_metrics
-from training.trainer import Trainer, accumulate_policy_gradient, minibatch_count, train
+from training.trainer import Trainer, train
 
 TESTS = Path(__file__).resolve().parent
 # Two rooms, no doors: the goal item lies one move away. Small enough for seconds-long runs.
@@ -67,10 +67,8 @@ def test_minibatch_update_does_not_depend_on_the_micro_batch_split_and_moves_the
     for the first step only: the ratios must leave 1 afterwards and the clip act. (A small lr and
     GRPO's token clip: at lr 3e-4 one step moves these random rows so far that every later token
     is clipped and the later gradients are all zero.)"""
-    from training.engines import sequence_logprobs
-
     trainers = [
-        Trainer(load_config(overrides=tiny_overrides(tmp_path / f"m{size}", "optim.minibatches=3", "optim.epochs=2",
+        Trainer.from_config(load_config(overrides=tiny_overrides(tmp_path / f"m{size}", "optim.minibatches=3", "optim.epochs=2",
                                                      "algo.loss=grpo", "optim.lr=1e-5", f"optim.micro_batch_size={size}")))
         for size in (1, 64)
     ]
@@ -88,7 +86,7 @@ def test_minibatch_update_does_not_depend_on_the_micro_batch_split_and_moves_the
 
         trainer.optimizer.step = record
         with trainer._progress() as progress:
-            results.append(trainer.update(prompts, responses, old, advantages, progress))
+            results.append(trainer.learner.optimize(prompts, responses, old, advantages, progress))
         gradients.append(seen)
         trainer.close()
     assert len(gradients[0]) == len(gradients[1]) == 6
@@ -117,7 +115,7 @@ def _tiny_model():
 
 @pytest.mark.parametrize("loss", ["grpo", "dapo", "drgrpo", "gspo", "gspo_token", "cispo"])
 def test_gradient_does_not_depend_on_micro_batch_split(loss):
-    from agent_rl.losses import LOSS_PRESETS
+    from agent_rl.config import LOSS_PRESETS
 
     model = _tiny_model()
     rng = np.random.default_rng(0)
@@ -148,7 +146,6 @@ def test_gradient_does_not_depend_on_micro_batch_split(loss):
 
     # The same gradient as the plain full-batch loss over every row (zero-advantage rows included).
     from agent_rl.losses import policy_loss
-    from training.engines import sequence_logprobs
 
     model.zero_grad(set_to_none=True)
     logp, mask = sequence_logprobs(model, prompts, responses)
@@ -181,8 +178,6 @@ def _tokens(plan, prompts, responses):
 
 
 def test_micro_batch_plan_keeps_each_task_together_sorted_by_length():
-    from training.trainer import plan_micro_batches
-
     system = [1, 2, 3]
     task_a, task_b = [10, 11, 12, 13, 14, 15], [20, 21, 22, 23, 24, 25]
     prompts = [np.array(system + (task_a if i % 2 else task_b) + [30] * (i % 5)) for i in range(12)]
@@ -198,8 +193,6 @@ def test_micro_batch_plan_keeps_each_task_together_sorted_by_length():
 
 
 def test_micro_batch_plan_sorts_by_length_when_prompts_share_nothing():
-    from training.trainer import plan_micro_batches
-
     prompts = [np.array([i + 1] + [5] * (i % 4)) for i in range(9)]
     responses = [np.array([7, 8]) for _ in range(9)]
     rows = np.array([0, 2, 3, 5, 6, 8])
@@ -217,8 +210,6 @@ def test_micro_batch_plan_sorts_by_length_when_prompts_share_nothing():
     size=st.integers(1, 7),
 )
 def test_micro_batch_plan_is_a_partition_that_forwards_no_more_than_sorting_by_length(prefixes, rows, size):
-    from training.trainer import plan_micro_batches
-
     prompts = [np.array([9, *prefixes[k % len(prefixes)], *tail]) for k, tail, _ in rows]
     responses = [np.array([1] * n) for _, _, n in rows]
     picked = np.arange(len(rows))[::-1]
@@ -297,9 +288,9 @@ def test_resume_refuses_a_changed_config(tmp_path):
     train(load_config(overrides=tiny_overrides(run_dir, "trainer.iterations=1")))
     changed = load_config(run_dir / "config.yaml", ["trainer.seed=5"])
     with pytest.raises(checkpoint.CheckpointError, match="different config: trainer.seed"):
-        Trainer(changed, resume=True)
+        Trainer.from_config(changed, resume=True)
     with pytest.raises(FileExistsError, match="--resume"):
-        Trainer(load_config(run_dir / "config.yaml"))
+        Trainer.from_config(load_config(run_dir / "config.yaml"))
 
 
 @pytest.mark.slow
@@ -313,86 +304,95 @@ def test_only_rank_zero_decides_whether_the_run_directory_is_taken(tmp_path, mon
     train(load_config(overrides=tiny_overrides(run_dir, "trainer.iterations=0")))
     verdicts = []
     monkeypatch.setattr(trainer_module, "init_distributed", lambda device: DistContext(rank=1, world_size=2))
-    monkeypatch.setattr(trainer_module, "broadcast_flag", lambda value, ctx: verdicts.append(value) or False)
-    Trainer(load_config(run_dir / "config.yaml"))
+    monkeypatch.setattr(checkpoint, "broadcast_flag", lambda value, ctx: verdicts.append(value) or False)
+    Trainer.from_config(load_config(run_dir / "config.yaml"))
     assert verdicts == [False]  # rank 1 offered no verdict of its own
+
+
+def _as_written_before_resolution(run_dir: Path, config: dict) -> None:
+    """Rewrite a run directory's config.yaml and last checkpoint the way the trainer wrote them before
+    configs were resolved: ``config`` as given (``auto``, nulls), the manifest updated to match."""
+    import hashlib
+
+    import yaml
+
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    path = checkpoint.find_checkpoint(run_dir, "last").path
+    state = json.loads((path / "state.json").read_text())
+    (path / "state.json").write_text(json.dumps({**state, "config": config}, indent=1, sort_keys=True))
+    manifest = json.loads((path / checkpoint.MANIFEST).read_text())
+    data = (path / "state.json").read_bytes()
+    manifest["files"]["state.json"] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    (path / checkpoint.MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+
+
+@pytest.mark.slow
+def test_a_run_written_before_configs_were_resolved_still_resumes(tmp_path):
+    from agent_rl.config import config_to_dict
+
+    run_dir = tmp_path / "old"
+    overrides = tiny_overrides(run_dir, "trainer.iterations=1")
+    train(load_config(overrides=overrides))
+    assert load_config(run_dir / "config.yaml").algo.advantage == "drgrpo"  # written resolved
+    old = config_to_dict(load_config(overrides=[*overrides, "engine=auto"]))  # what a default run recorded
+    assert old["engine"]["kind"] == "auto" and old["env"]["anchor_key"] is None and old["algo"]["loss"] is None
+    _as_written_before_resolution(run_dir, old)
+
+    summary = train(load_config(run_dir / "config.yaml", ["trainer.iterations=2", "engine=hf"]), resume=True)
+    assert summary["iterations"] == 2
+    assert [r["iteration"] for r in read_metrics(run_dir)] == [0, 1, 2]
+    assert load_config(run_dir / "config.yaml").env.anchor_key == "state"  # rewritten resolved
+    # A real difference is still refused, named by its resolved key.
+    _as_written_before_resolution(run_dir, {**old, "algo": {**old["algo"], "preset": "grpo"}})
+    with pytest.raises(checkpoint.CheckpointError, match="different config: algo.advantage, algo.loss, "):
+        Trainer.from_config(load_config(run_dir / "config.yaml", ["algo=gigpo", "engine=hf", "trainer.iterations=3"]),
+                            resume=True)
+
+
+class _GuessEnv(gym.Env):
+    """A plain Gymnasium text env, never registered: name the seeded number from 1 to 3."""
+
+    observation_space = action_space = gym.spaces.Text(64, charset="0123456789 .:abcdefghijklmnopqrstuvwxyzGRW!")
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.target = str(self.np_random.integers(1, 4))
+        return "guess a number: 1 2 3", {"admissible_actions": ["1", "2", "3"]}
+
+    def step(self, action):
+        won = action == self.target
+        return ("Right!" if won else "Wrong."), float(won), True, False, {"won": won, "admissible_actions": ["1", "2", "3"]}
+
+
+@pytest.mark.slow
+def test_trainer_takes_a_model_tokenizer_engine_and_environment_factory(tmp_path):
+    from training.engines import HFEngine
+    from training.policy import load_policy
+
+    model, tokenizer = load_policy("embedded")
+    engine = HFEngine(model, tokenizer, seed=7)
+    config = load_config(overrides=tiny_overrides(tmp_path / "objects", "env.id=Guess", "sft.mode=random", "trainer.iterations=1"))
+    trainer = Trainer(config, model=model, tokenizer=tokenizer, make_env=_GuessEnv, engine=engine)
+    try:
+        assert trainer.engine is engine and trainer.pool.env_id == "_GuessEnv"
+        assert trainer.config.env.anchor_key == "observation"  # an unregistered env: the generic key
+        summary = trainer.run()
+    finally:
+        trainer.close()
+    assert summary["iterations"] == 1 and engine.calls > 0
+    records = read_metrics(tmp_path / "objects")
+    assert [r["iteration"] for r in records] == [0, 1] and records[1]["rollout/length"] == 1.0
+    # train() builds only what is not given.
+    summary = train(load_config(overrides=tiny_overrides(tmp_path / "factory", "env.id=Guess", "sft.mode=random",
+                                                         "trainer.iterations=1")), make_env=_GuessEnv)
+    assert summary["iterations"] == 1
+    with pytest.raises(ValueError, match="sft.mode=oracle needs an environment with an oracle"):
+        train(load_config(overrides=tiny_overrides(tmp_path / "oracle", "env.id=Guess")), make_env=_GuessEnv)
 
 
 def test_unknown_environment_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="config key 'env.id': unknown environment 'nope/Nothing-v0'"):
-        Trainer(load_config(overrides=tiny_overrides(tmp_path, "env.id=nope/Nothing-v0", "env.kwargs={}")))
-
-
-class _BareTextEnv(gym.Env):
-    """A plain Gymnasium text env: no admissible actions in ``info`` and no oracle."""
-
-    observation_space = gym.spaces.Text(16)
-    action_space = gym.spaces.Text(16)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        return "start", {}
-
-    def step(self, action):
-        return "start", 0.0, False, False, {}
-
-
-@pytest.mark.parametrize(
-    "mode, message",
-    [("oracle", "sft.mode=oracle needs an environment with an oracle"), ("random", "sft.mode=random needs an environment")],
-)
-def test_warm_start_names_what_the_environment_lacks(mode, message):
-    from training.policy import load_policy
-    from training.sft import collect_demonstrations
-
-    _, tokenizer = load_policy("embedded")
-    with pytest.raises(ValueError, match=message):
-        collect_demonstrations(
-            _BareTextEnv(), tokenizer, mode=mode, episodes=1, seeds=np.array([0]), rng=np.random.default_rng(0),
-            max_turns=2, history_turns=0, parser="first_line", max_prompt_tokens=256,
-        )
-
-
-def _counter_demonstrations(perturb: float, episodes: int = 20):
-    import re
-
-    import user_env_example  # noqa: F401  (registers usertest/Counter-v0)
-    from training.policy import load_policy
-    from training.sft import collect_demonstrations
-
-    _, tokenizer = load_policy("embedded")
-    env = gym.make("usertest/Counter-v0", max_target=5, max_steps=40)
-    demos = collect_demonstrations(
-        env, tokenizer, mode="oracle", episodes=episodes, seeds=np.arange(episodes), rng=np.random.default_rng(0),
-        max_turns=40, history_turns=40, parser="first_line", max_prompt_tokens=2048, perturb=perturb,
-    )
-    pairs = []
-    for prompt, response in zip(demos.prompts, demos.responses):
-        text = tokenizer.decode(prompt, skip_special_tokens=True)
-        target = int(re.search(r"equal (\d+)", text).group(1))
-        value = int(re.search(r"\[Current observation\]\s*The counter shows (-?\d+)", text).group(1))
-        history = re.findall(r"\[Action \d+\]\s*(\w+)", text)
-        pairs.append((target, value, history, tokenizer.decode(response, skip_special_tokens=True)))
-    return demos, pairs
-
-
-def test_oracle_demonstrations_clone_the_plan():
-    demos, pairs = _counter_demonstrations(perturb=0.0)
-    assert demos.successes == demos.episodes
-    assert all(action == "inc" and history == ["inc"] * value for _, value, history, action in pairs)
-    # One pair per step of each episode's plan: 0 -> target.
-    assert len(pairs) == sum(target for target, value, _, _ in pairs if value == 0)
-
-
-def test_perturbed_demonstrations_clone_the_oracle_from_where_a_random_action_led():
-    demos, pairs = _counter_demonstrations(perturb=0.4)
-    assert demos.successes == demos.episodes
-    # Every cloned action is the oracle's from the state shown, even after detours ...
-    assert all(action == ("inc" if value < target else "dec") for target, value, _, action in pairs)
-    # ... and the histories hold random actions that were played but not cloned.
-    assert any("dec" in history for _, _, history, _ in pairs)
-    with pytest.raises(ValueError, match="perturb must be in"):
-        _counter_demonstrations(perturb=1.0, episodes=1)
+        Trainer.from_config(load_config(overrides=tiny_overrides(tmp_path, "env.id=nope/Nothing-v0", "env.kwargs={}")))
 
 
 @pytest.mark.slow

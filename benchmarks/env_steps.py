@@ -6,8 +6,8 @@ with a fresh seed, so level generation is counted. TextWorld is the exception: i
 generated offline and cached by design, so its episodes cycle over a small pool of games generated
 before timing (the generation time is reported on its own).
 
-    python benchmarks/envs.py                     # -> benchmarks/results/envs.json
-    python benchmarks/envs.py --seconds 2 --env agent_rl/Maze-v0
+    python -m benchmarks.env_steps                     # -> benchmarks/results/env_steps.json
+    python -m benchmarks.env_steps --seconds 2 --env agent_rl/Maze-v0
 """
 
 from __future__ import annotations
@@ -23,14 +23,9 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-# This script shares its name with the ``envs`` package: import the package before its folder is on the path.
-BENCH_DIR = Path(__file__).resolve().parent
-sys.path = [entry for entry in sys.path if Path(entry or ".").resolve() != BENCH_DIR]
-from envs import oracle_actions, text_env_specs  # noqa: E402
-from envs.registration import NAMESPACE  # noqa: E402
-
-sys.path.append(str(BENCH_DIR))
-from common import write_result  # noqa: E402
+from benchmarks.common import write_result
+from envs import oracle_actions, text_env_specs
+from envs.registration import NAMESPACE
 
 TARGET_STEPS_PER_S = {f"{NAMESPACE}/Maze-v0": 10_000, f"{NAMESPACE}/Sokoban-v0": 10_000, f"{NAMESPACE}/MiniCode-v0": 10_000}
 """The issue's one-core targets; TextWorld is bounded by the textworld package itself."""
@@ -104,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         target = f"{r['target_steps_per_s']:,}" if r["target_steps_per_s"] else "-"
         table.add_row(env_id, f"{r['steps_per_s']:,.0f}", target, str(r["episodes"]), str(r["mean_episode_length"]), r["seeds"])
     Console().print(table)
-    path = write_result("envs", {"seconds_per_env": args.seconds, "results": results}, args.out)
+    path = write_result("env_steps", {"seconds_per_env": args.seconds, "results": results}, args.out)
     print(f"wrote {path}")
     return 0
 
