@@ -89,7 +89,8 @@ class EnvConfig:
     """Which environment to train on."""
 
     id: str = "agent_rl/Maze-v0"
-    """Registered text-environment id (bundled or user-registered)."""
+    """Registered text-environment id (bundled or user-registered); with an environment factory
+    passed to the trainer, the run's name for its environment."""
     kwargs: dict[str, Any] = field(
         default_factory=lambda: {
             "n_rooms": 4, "n_locked_doors": 1, "dead_ends": 1, "extra_edges": 0, "n_distractors": 0, "max_steps": 20
@@ -124,7 +125,7 @@ class EngineConfig:
     """The generation engine used for rollouts and evaluation."""
 
     kind: Literal["auto", "hf", "vllm"] = "auto"
-    """``vllm`` when importable under ``auto``, else ``hf`` (Hugging Face ``generate``)."""
+    """``hf`` (Hugging Face ``generate``), ``vllm``, or ``auto``: ``vllm`` when it imports, else ``hf``."""
     kv_cache_memory_bytes: int = 256 * 1024**2
     """vLLM only: KV-cache size in bytes (must be explicit on CPU)."""
     enforce_eager: bool = False
@@ -203,7 +204,7 @@ def _default_rollout() -> RolloutConfig:
 
 @dataclass
 class AlgorithmConfig:
-    """Credit assignment and policy loss. See :data:`ALGORITHM_PRESETS`."""
+    """Credit assignment and policy loss (presets: ``ALGORITHM_PRESETS``)."""
 
     preset: Literal["grpo", "drgrpo", "dapo", "gspo", "rloo", "cispo", "gigpo"] = "gigpo"
     """Algorithm preset: sets ``advantage``, ``loss`` and ``step_credit`` unless those are given."""
