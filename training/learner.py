@@ -11,8 +11,10 @@
 
 from __future__ import annotations
 
+import copy
 from collections import defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,6 +25,7 @@ from rich.progress import Progress
 from agent_rl.batch import StepBatch
 from agent_rl.config import Config
 from agent_rl.losses import policy_loss
+from training.checkpoint import load_model_weights
 from training.distributed import DistContext, all_reduce_gradients, broadcast_ragged
 
 
@@ -298,6 +301,14 @@ class Learner:
         self.loss_kwargs = {**algo.loss_kwargs, "kl_coef": algo.kl_coef, "kl_estimator": algo.kl_estimator}
         self.reference: torch.nn.Module | None = None
         """The frozen policy the KL term measures against (needed when ``algo.kl_coef`` > 0)."""
+
+    def freeze_reference(self, weights_dir: Path | None = None) -> None:
+        """Freeze a copy of the model (with the weights in ``weights_dir`` when given, e.g. the
+        post-SFT checkpoint of a resumed run) as the reference of the KL term."""
+        reference = copy.deepcopy(self.model)
+        if weights_dir is not None:
+            load_model_weights(reference, weights_dir)
+        self.reference = reference.requires_grad_(False).eval()
 
     def update(self, batch: StepBatch | None, advantages: np.ndarray | None, progress: Progress) -> dict[str, float]:
         """Learn from ``batch`` (rank 0; None on the other ranks, or when there is nothing to learn);

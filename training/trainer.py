@@ -16,7 +16,6 @@ collects rollouts, evaluates, logs and checkpoints; every rank learns on its sha
 from __future__ import annotations
 
 import contextlib
-import copy
 import random
 import time
 from collections.abc import Callable
@@ -212,8 +211,9 @@ class Trainer:
         try:
             if not self.started:
                 reached = self._warm_start()
-            if cfg.algo.kl_coef > 0:
-                self.learner.reference = self._reference_model()
+            if cfg.algo.kl_coef > 0:  # the KL reference: the post-SFT policy
+                sft = checkpoint.find_checkpoint(self.run_dir, "sft").model_dir if self.iteration > 0 else None
+                self.learner.freeze_reference(sft)
             while not reached and self.iteration < cfg.trainer.iterations:
                 clock = time.perf_counter()
                 self.iteration += 1
@@ -292,14 +292,6 @@ class Trainer:
             self.run_dir, self.iteration, model=self.model, tokenizer=self.tokenizer, optimizer=self.optimizer,
             config=config_to_dict(self.config), trainer_state=self.state, generators=self._generators(), pointers=pointers,
         )
-
-    def _reference_model(self) -> torch.nn.Module:
-        """The frozen post-SFT policy (from the ``sft`` checkpoint when resuming)."""
-        reference = copy.deepcopy(self.model)
-        if self.iteration > 0:
-            checkpoint.load_model_weights(reference, checkpoint.find_checkpoint(self.run_dir, "sft").model_dir)
-        reference.requires_grad_(False)
-        return reference.eval()
 
     def _progress(self) -> Progress:
         return Progress(

@@ -63,9 +63,6 @@ def test_ray_engine_rejects_bad_arguments(ray_local):
 def test_trainer_on_ray_env_actors_matches_the_local_trainer(ray_local, tmp_path):
     """Ray environment actors change where environments run, not what they do: same rollouts, same
     updates, same weights after 2 iterations."""
-    import sys
-    from pathlib import Path
-
     from safetensors.torch import load_file
 
     from agent_rl.config import load_config
@@ -73,8 +70,7 @@ def test_trainer_on_ray_env_actors_matches_the_local_trainer(ray_local, tmp_path
     from training.logger import read_metrics
     from training.trainer import train
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_trainer import tiny_overrides
+    from test_trainer import tiny_overrides  # tests/training/ is on the path (pytest's rootdir-relative import)
 
     runs = {}
     for name, extra in (("local", ()), ("ray", ("scale.env_actors=2",)), ("replicas", ("scale.engine_replicas=2",))):

@@ -21,7 +21,8 @@ from agent_rl.config import (
     resolve_algorithm,
 )
 
-RECIPES = Path(__file__).resolve().parent.parent / "training" / "configs"
+ROOT = Path(__file__).resolve().parents[2]
+RECIPES = ROOT / "training" / "configs"
 
 
 def test_overrides_parse_with_yaml_types():
@@ -185,7 +186,7 @@ def test_building_a_config_imports_neither_torch_nor_training():
         "loaded = [m for m in sys.modules if m == 'torch' or m.split('.')[0] == 'training']; "
         "assert not loaded, loaded"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parent.parent)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
 @pytest.mark.parametrize("recipe", ["maze", "sokoban", "minicode"])

@@ -12,10 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from ddp_worker import fixed_minibatch, gradients  # beside this file, on pytest's path
 from training.policy import load_policy
-
-sys.path.insert(0, str(Path(__file__).parent))
-from ddp_worker import fixed_minibatch, gradients  # noqa: E402
 
 
 def _free_port() -> int:

