@@ -19,6 +19,7 @@ def _prompts(tokenizer):
     return [tokenizer.encode(t, add_special_tokens=False) for t in texts]
 
 
+@pytest.mark.slow
 def test_ray_replicas_match_the_local_engine_before_and_after_a_weight_update(ray_local):
     from training.ray_engine import RayEngine
 
@@ -60,6 +61,7 @@ def test_ray_engine_rejects_bad_arguments(ray_local):
         RayEngine(model, tokenizer, kind="auto")
 
 
+@pytest.mark.slow
 def test_trainer_on_ray_env_actors_matches_the_local_trainer(ray_local, tmp_path):
     """Ray environment actors change where environments run, not what they do: same rollouts, same
     updates, same weights after 2 iterations."""

@@ -95,6 +95,7 @@ def tokenizer():
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_ray_pool_gives_the_same_rollouts_as_the_local_pool(ray_local, tokenizer):
     engine = ReplayEngine(tokenizer.encode("go north", add_special_tokens=False) + [tokenizer.eos_token_id])
     config = RolloutConfig(n_groups=3, group_size=2, max_turns=4, max_new_tokens=8)
@@ -119,6 +120,7 @@ def test_ray_pool_gives_the_same_rollouts_as_the_local_pool(ray_local, tokenizer
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_ray_pool_recovers_a_killed_actor(ray_local):
     with pytest.raises(ValueError, match="n_locked_doors"):
         RayEnvPool(RegisteredEnv("agent_rl/Maze-v0", {"n_rooms": 4, "n_locked_doors": 2}), 4)

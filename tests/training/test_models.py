@@ -195,6 +195,7 @@ def test_smollm2_greedy_answer(smollm2):
 
 
 @requires_smollm2
+@pytest.mark.slow
 def test_smollm2_hf_logprobs_match_the_learner(smollm2):
     from test_engines import max_logprob_gap
     from training.engines import HFEngine, SamplingParams
@@ -207,6 +208,7 @@ def test_smollm2_hf_logprobs_match_the_learner(smollm2):
 
 
 @requires_smollm2
+@pytest.mark.slow
 def test_smollm2_policy_gradient_step_moves_logprobs_the_advantages_way(smollm2):
     import copy
 
