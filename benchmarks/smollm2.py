@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 from rich.console import Console

@@ -12,14 +12,8 @@ import torch
 
 from training.engines import HFEngine, SamplingParams, make_engine
 from training.learner import sequence_logprobs
-from training.policy import load_policy
 
 TOLERANCE = 1e-3  # max abs logprob difference, float32
-
-
-@pytest.fixture(scope="module")
-def policy():
-    return load_policy("embedded")
 
 
 @pytest.fixture(scope="module")

@@ -24,12 +24,6 @@ from training.learner import (
     response_logits,
     sequence_logprobs,
 )
-from training.policy import load_policy
-
-
-@pytest.fixture(scope="module")
-def policy():
-    return load_policy("embedded")
 
 
 # ---- teacher-forced logprobs (response_logits, sequence_logprobs) --------------------------------------------------------------------------
@@ -123,13 +117,13 @@ def _synthetic_rows(vocab: int, n: int, seed: int):
     return prompts, responses, rng.normal(size=n)
 
 
-def test_minibatch_update_does_not_depend_on_the_micro_batch_split_and_moves_the_ratios():
+def test_minibatch_update_does_not_depend_on_the_micro_batch_split_and_moves_the_ratios(policy):
     """Two learners from the same weights run the same update (3 minibatches x 2 epochs) with
     different micro-batch sizes: every optimizer step sees the same minibatch gradient. The rows are
     on-policy for the first step only: the ratios must leave 1 afterwards and the clip act. (A small
     lr and GRPO's token clip: at lr 3e-4 one step moves these random rows so far that every later
     token is clipped and the later gradients are all zero.)"""
-    model, _ = load_policy("embedded")
+    model, _ = policy
     prompts, responses, advantages = _synthetic_rows(model.config.vocab_size, 9, seed=0)
     with torch.no_grad():
         logp, _ = sequence_logprobs(model, prompts, responses, 1.0)

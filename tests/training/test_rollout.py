@@ -14,7 +14,6 @@ from training.engines import Completion, HFEngine, SamplingParams
 from training.envpool import RegisteredEnv
 from training.evaluation import evaluate
 from training.learner import sequence_logprobs
-from training.policy import load_policy
 from training.rollout import collect_rollouts, overlong_shaping
 
 
@@ -79,11 +78,6 @@ class ScriptedEngine:
 
     def close(self):
         pass
-
-
-@pytest.fixture(scope="module")
-def policy():
-    return load_policy("embedded")
 
 
 def check_batch_invariants(batch, config: RolloutConfig) -> None:

@@ -21,10 +21,8 @@ COUNTER = RegisteredEnv("usertest/Counter-v0", {"max_target": 5, "max_steps": 40
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    from training.policy import load_policy
-
-    return load_policy("embedded")[1]
+def tokenizer(policy):
+    return policy[1]
 
 
 def _pairs(demos: Demonstrations, tokenizer):
