@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import yaml
 
-ANCHOR_KINDS = ("state", "observation", "fingerprint", "similarity")
+ANCHOR_KINDS = ("state", "observation", "fingerprint", "similarity", "context")
 
 ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
     # name: episode-level advantage, loss preset (agent_rl.losses.LOSS_PRESETS), GiGPO step credit,
@@ -75,8 +75,10 @@ class EnvConfig:
     """Constructor arguments passed to ``gymnasium.make(id, **kwargs)`` (difficulty knobs)."""
     imports: list[str] = field(default_factory=list)
     """Modules imported before ``gymnasium.make``; importing them registers user environments."""
-    anchor_key: Literal["state", "observation", "fingerprint", "similarity"] | None = None
-    """Anchor key function for GiGPO step groups; None uses the environment's registered default."""
+    anchor_key: Literal["state", "observation", "fingerprint", "similarity", "context"] | None = None
+    """Anchor key function for GiGPO step groups (``anchors.KEY_KINDS``; ``context`` keys the state
+    together with the last ``rollout.history_turns`` turns its prompt shows); None uses the
+    environment's registered default."""
 
     _shorthand = "id"
 
