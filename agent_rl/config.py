@@ -119,8 +119,9 @@ class AlgorithmConfig:
 
     preset: Literal["grpo", "drgrpo", "dapo", "gspo", "rloo", "cispo", "gigpo"] = "gigpo"
     """Algorithm preset: sets ``advantage``, ``loss`` and ``step_credit`` unless those are given."""
-    advantage: Literal["grpo", "drgrpo", "rloo"] | None = None
-    """Episode-level advantage: grpo (R-mean)/(std+eps), drgrpo R-mean, rloo leave-one-out; None = preset."""
+    advantage: Literal["grpo", "drgrpo", "rloo", "none"] | None = None
+    """Episode-level advantage: grpo (R-mean)/(std+eps), drgrpo R-mean, rloo leave-one-out, or none (no
+    trajectory-level term: step credit alone, which needs step credit on); None = preset."""
     loss: str | None = None
     """Loss preset name from ``agent_rl.losses.LOSS_PRESETS``; None = the algorithm preset's loss."""
     step_credit: bool | None = None
@@ -164,10 +165,17 @@ class AlgorithmConfig:
             loss_kwargs["kl_coef"] = self.kl_coef
         if self.kl_estimator is not None:
             loss_kwargs["kl_estimator"] = self.kl_estimator
+        advantage = self.advantage if self.advantage is not None else base["advantage"]
+        step_credit = self.step_credit if self.step_credit is not None else base["step_credit"]
+        if advantage == "none" and not step_credit:
+            raise ConfigError(
+                "config key 'algo.advantage': 'none' leaves step credit as the only advantage, but step credit is "
+                f"off for preset {self.preset!r}; set algo.step_credit=true"
+            )
         return {
-            "advantage": self.advantage if self.advantage is not None else base["advantage"],
+            "advantage": advantage,
             "loss": loss,
-            "step_credit": self.step_credit if self.step_credit is not None else base["step_credit"],
+            "step_credit": step_credit,
             "step_normalize": self.step_normalize if self.step_normalize is not None else base["step_normalize"],
             "loss_kwargs": loss_kwargs,
         }
