@@ -97,7 +97,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return _report_errors(run)
 
 
-BENCHMARKS = {"credit": "credit_assignment.py"}
+BENCHMARKS = {"credit": "credit_assignment.py", "testbed": "credit_testbed.py"}
 """``agent-rl bench NAME`` runs ``benchmarks/<file>`` of the source checkout."""
 
 
@@ -165,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (dotted keys)")
     p.set_defaults(func=_cmd_eval, key_values="overrides")
 
-    p = sub.add_parser("bench", help="run a benchmark (credit: trajectory-only vs step-level credit grid)")
+    p = sub.add_parser("bench", help="run a benchmark (credit: trajectory-only vs step-level credit grid with the LLM "
+                       "policy; testbed: the same comparison with a tabular policy over many paired seeds)")
     p.add_argument("name", choices=sorted(BENCHMARKS))
     p.add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments of the benchmark (e.g. --quick)")
     p.set_defaults(func=_cmd_bench)
