@@ -11,10 +11,11 @@ a step group whose returns are compared. Five kinds of key (``KEY_KINDS``):
 - ``similarity``: near-duplicate cluster ids of the observations (MinHash/LSH, ``cluster_similar``),
   clustered within each group when ``group_ids`` is given, else over the whole batch.
 - ``context``: the ``state`` key combined with the history the policy's prompt shows: the last
-  ``history_turns`` turns of the trajectory, each the state it was taken in and its action. Steps
-  in the same state whose prompts show different histories never share an anchor group (HGPO's
-  context consistency); a step with fewer earlier turns than ``history_turns`` shows fewer, and
-  its key says so. ``history_turns=0`` gives exactly the ``state`` keys.
+  ``history_turns`` turns of the trajectory, each its action and the observation it was taken on
+  (or, without ``observations``, the state). Steps in the same state whose prompts show different
+  histories never share an anchor group (HGPO's context consistency); a step with fewer earlier
+  turns than ``history_turns`` shows fewer, and its key says so. ``history_turns=0`` gives exactly
+  the ``state`` keys.
 
 Keys are stable uint64 values (blake2b, equal across processes and machines). Each kind hashes in
 its own domain, so a fingerprint key never equals an observation key of another row by accident.
@@ -91,11 +92,16 @@ def state_keys(states: Sequence[str]) -> np.ndarray:
 
 
 def context_keys(
-    states: Sequence[str], actions: Sequence[str], traj_ids: Sequence | np.ndarray, history_turns: int
+    states: Sequence[str],
+    actions: Sequence[str],
+    traj_ids: Sequence | np.ndarray,
+    history_turns: int,
+    observations: Sequence[str] | None = None,
 ) -> np.ndarray:
     """uint64 key of each row's state and of the last ``history_turns`` turns before it in its
-    trajectory, each turn being (the state it was taken in, its action). Rows of a trajectory must
-    be in time order (the ``StepBatch`` contract); trajectories may be interleaved.
+    trajectory, each turn being (its observation, its action); without ``observations`` a turn's
+    state stands in for its observation. Rows of a trajectory must be in time order (the
+    ``StepBatch`` contract); trajectories may be interleaved.
 
     Vectorized: each turn is one mixed word per row, and the history is folded in by shifting those
     words ``1 .. history_turns`` rows back within each trajectory (a loop over turns, not rows)."""
@@ -106,7 +112,7 @@ def context_keys(
         return keys
     uniques, inverse = unique_inverse(actions)
     _require_str("actions", uniques)
-    turn = keys * _ODD
+    turn = keys * _ODD if observations is None else observation_keys(observations) * _ODD
     turn ^= hash_strings(uniques, domain="action")[inverse]
     _mix64(turn)
     # Positions of each trajectory's rows, in time order, and each row's turn index.
@@ -145,7 +151,8 @@ def compute_anchor_keys(
     ``state`` needs ``states``; ``observation`` and ``similarity`` need ``observations``;
     ``fingerprint`` needs ``observations`` and ``errors`` (None entries mean no error);
     ``context`` needs ``states``, ``actions`` (the action of each row), ``traj_ids`` and
-    ``history_turns`` (the turns of history the prompt shows, ``RolloutConfig.history_turns``).
+    ``history_turns`` (the turns of history the prompt shows, ``RolloutConfig.history_turns``),
+    and reads ``observations`` when given (pass them when the prompt shows the history's observations).
     ``group_ids`` (optional, ``similarity`` only) restricts clustering to rows of one group;
     ``similarity_threshold`` is the Dice similarity at which observations count as near-duplicates.
     """
@@ -164,7 +171,7 @@ def compute_anchor_keys(
     if kind == "state":
         return state_keys(states)
     if kind == "context":
-        return context_keys(states, actions, traj_ids, history_turns)
+        return context_keys(states, actions, traj_ids, history_turns, observations)
     if kind == "observation":
         return observation_keys(observations)
     if kind == "fingerprint":

@@ -188,6 +188,20 @@ def test_context_keys_differ_for_same_state_and_different_last_action():
     assert group[1] != group[3]
 
 
+def test_context_keys_read_the_shown_observations_when_given():
+    # Same states and actions; the first turn's observation differs ("You go north." was shown).
+    states, actions, traj = ["hall", "room", "hall", "room"], ["go", "look", "go", "look"], [0, 0, 1, 1]
+    observations = ["You are in the hall.", "In the room.", "You go north. You are in the hall.", "In the room."]
+    by_state = _context(states, actions, traj, 1)
+    assert by_state[1] == by_state[3]
+    shown = compute_anchor_keys("context", observations, states=states, actions=actions, traj_ids=traj, history_turns=1)
+    assert shown[1] != shown[3]
+    assert shown[0] == shown[2] == by_state[0]  # first turns: the state key, no history
+    spaced = compute_anchor_keys("context", ["You  are in the hall.", *observations[1:]], states=states, actions=actions,
+                                 traj_ids=traj, history_turns=1)
+    assert spaced[1] == shown[1]  # observations are compared whitespace-normalized, as the observation kind does
+
+
 def test_context_keys_with_no_history_are_the_state_keys():
     states = ["r1", "r2", "r1", "r3", "r2"]
     keys = _context(states, ["a", "b", "c", "d", "e"], [0, 0, 1, 1, 1], 0)
@@ -211,7 +225,8 @@ def test_context_keys_follow_trajectories_through_interleaved_rows():
     st.integers(0, 3),
 )
 def test_context_keys_equal_iff_shown_histories_equal(rows, history_turns):
-    """Keys are equal exactly when the state and the shown turns (state, action) are equal."""
+    """Keys are equal exactly when the state and the shown turns (state standing in for the
+    observation, action) are equal."""
     traj = [r[0] for r in rows]
     states = [r[1] for r in rows]
     actions = [r[2] for r in rows]
