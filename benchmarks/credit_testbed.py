@@ -144,8 +144,11 @@ class TestbedEnv:
     """One environment of the testbed."""
 
     env_id: str
+    """Registered text-environment id."""
     kwargs: dict[str, Any]
+    """Constructor arguments (``gymnasium.make(env_id, **kwargs)``)."""
     description: str
+    """One line for the summary."""
     eval_every: int = 3
     """Exact success is computed every this many updates (and after the last)."""
     skip_arms: tuple[str, ...] = ()
@@ -221,6 +224,8 @@ VIEWS = ("equal", "raw")
 
 @dataclass(frozen=True)
 class Settings:
+    """One run of the testbed."""
+
     seeds: int = 128
     """Paired seeds: every arm trains each seed's tasks from the same start with the same noise."""
     tasks: int = 8
@@ -230,7 +235,9 @@ class Settings:
     lr: float = 0.1
     """Step size of the tabular policy gradient."""
     arms: tuple[str, ...] = tuple(ARMS)
+    """Arms to train (names in ``ARMS``; their baselines are added)."""
     envs: tuple[str, ...] = tuple(ENVIRONMENTS)
+    """Environments (names in ``ENVIRONMENTS``)."""
     workers: int = 2
     """Processes exploring tasks and training arms (1: all in this process)."""
 
@@ -277,15 +284,20 @@ class TaskGraph:
     next_state: np.ndarray
     """Per transition: the next state, or -1 where the action terminates the episode."""
     reward: np.ndarray
+    """Per transition: the environment's reward."""
     won: np.ndarray
+    """Per transition: ``info["won"]`` after it."""
     valid: np.ndarray
+    """Per transition: ``info["action_valid"]``."""
     observation_texts: list[str]
     observation_id: np.ndarray
     """Per transition: the observation the step returned (what the next action is chosen on), an
     index into ``observation_texts``; index 0 is the reset observation."""
     max_steps: int
+    """The environment's step limit: states first reached there are not expanded."""
 
     def first_transition(self) -> np.ndarray:
+        """Index of each state's first transition."""
         return np.concatenate([[0], np.cumsum(self.n_actions)[:-1]])
 
 
@@ -390,8 +402,11 @@ class Tables:
     next_state: np.ndarray
     """(states, max actions) int64: next state, -1 for termination and padding."""
     reward: np.ndarray
+    """(states, max actions) float64."""
     won: np.ndarray
+    """(states, max actions) bool."""
     valid: np.ndarray
+    """(states, max actions) bool."""
     admissible: np.ndarray
     """(states, max actions) bool: the action slot exists."""
     observation_id: np.ndarray
@@ -401,14 +416,19 @@ class Tables:
     anchor_id: np.ndarray
     """(states,): index into ``anchors``."""
     task_of_state: np.ndarray
+    """(states,): the task (seed x tasks + task) a state belongs to."""
     start_state: np.ndarray
     """(tasks,): the reset state of each task."""
     start_observation_id: np.ndarray
+    """(tasks,): index into ``observations`` of each task's reset observation."""
     anchors: np.ndarray
+    """Distinct anchor strings (object array)."""
     actions: np.ndarray
+    """Distinct action strings (object array)."""
     observations: np.ndarray
-    """Distinct strings (object arrays)."""
+    """Distinct observation strings (object array; only ``""`` when they are not kept)."""
     max_steps: int
+    """The step limit."""
     edges: tuple[np.ndarray, np.ndarray, np.ndarray] = field(init=False)
     """(source state, action slot, target state) of every non-terminating transition."""
 
@@ -476,12 +496,19 @@ class Rollout:
     """The rows of one batch, in time order within each trajectory (trajectories interleaved)."""
 
     traj: np.ndarray
+    """Trajectory id (tasks x group size of them)."""
     task: np.ndarray
+    """Task of the row: its group id."""
     state: np.ndarray
+    """Global state the action was chosen in."""
     action: np.ndarray
+    """Slot of the chosen action."""
     observation_id: np.ndarray
+    """The observation the action was chosen on (index into ``Tables.observations``)."""
     reward: np.ndarray
+    """The environment's reward for the action."""
     valid: np.ndarray
+    """``info["action_valid"]`` of the action."""
 
 
 def rollout(tables: Tables, logits: np.ndarray, uniforms: np.ndarray) -> Rollout:
@@ -492,7 +519,8 @@ def rollout(tables: Tables, logits: np.ndarray, uniforms: np.ndarray) -> Rollout
     noise = uniforms.reshape(n_tasks * group_size, -1)
     state = tables.start_state[traj_task]
     observation = tables.start_observation_id[traj_task]
-    alive = np.arange(len(traj_task))
+    can_act = tables.admissible.any(axis=1)  # a state without admissible actions ends the trajectory
+    alive = np.flatnonzero(can_act[state])
     columns: list[list[np.ndarray]] = [[] for _ in range(7)]
     for t in range(tables.max_steps):
         if len(alive) == 0:
@@ -506,6 +534,7 @@ def rollout(tables: Tables, logits: np.ndarray, uniforms: np.ndarray) -> Rollout
         state[alive] = tables.next_state[s, action]
         observation[alive] = tables.observation_id[s, action]
         alive = alive[state[alive] >= 0]
+        alive = alive[can_act[state[alive]]]
     return Rollout(*(np.concatenate(column) for column in columns))
 
 
@@ -554,6 +583,8 @@ def success_probability(tables: Tables, logits: np.ndarray) -> np.ndarray:
 
 @dataclass
 class ArmResult:
+    """What one arm's training under one view measured."""
+
     success: np.ndarray
     """(seeds, evaluations): mean exact success over each seed's tasks."""
     raw_abs_advantage: list[float] = field(default_factory=list)
@@ -561,6 +592,7 @@ class ArmResult:
     grouped_fraction: list[float] = field(default_factory=list)
     """Fraction of rows in anchor groups of two or more, per update."""
     mean_group_size: list[float] = field(default_factory=list)
+    """Mean rows per anchor group, per update."""
 
 
 def common_noise(settings: Settings, env_index: int, max_steps: int) -> list[np.ndarray]:
@@ -699,14 +731,16 @@ def plot(summary: dict[str, Any], out: Path) -> list[Path]:
 
     paths = []
     envs = summary["envs"]
+    colors = {arm: plt.cm.tab20(i % 20) for i, arm in enumerate(ARMS)}
     for env, data in envs.items():
         fig, axes = plt.subplots(1, len(data["views"]), figsize=(6 * len(data["views"]), 4.2), squeeze=False)
         for ax, (view, arms) in zip(axes[0], data["views"].items()):
             for arm, r in arms.items():
                 mean, half = np.array(r["curve"]["mean"]), np.array(r["curve"]["ci95"])
-                ax.plot(r["curve"]["updates"], 100 * mean, label=arm, marker=".",
+                ax.plot(r["curve"]["updates"], 100 * mean, label=arm, marker=".", color=colors[arm],
                         linestyle="--" if ARMS[arm].group_size > 4 else "-")
-                ax.fill_between(r["curve"]["updates"], 100 * (mean - half), 100 * (mean + half), alpha=0.1)
+                ax.fill_between(r["curve"]["updates"], 100 * (mean - half), 100 * (mean + half), alpha=0.1,
+                                color=colors[arm])
             ax.set_title(f"{env}: {'equal mean |A|' if view == 'equal' else 'raw advantage scale'}")
             ax.set_xlabel("update")
             ax.set_ylabel("exact sampled success on the trained tasks (%)")

@@ -147,6 +147,21 @@ def test_rollouts_sample_the_policy():
     assert np.array_equal(order, np.argsort(again.traj, kind="stable"))
 
 
+def test_a_state_without_admissible_actions_ends_the_trajectory():
+    # State 0: "trap" leads to state 1 (no admissible actions), "win" wins. Uniform policy: success 1/2.
+    graph = tb.TaskGraph(
+        anchors=["start", "trapped"], n_actions=np.array([2, 0]), action_names=["trap", "win"],
+        action_id=np.array([0, 1]), next_state=np.array([1, -1]), reward=np.array([0.0, 1.0]),
+        won=np.array([False, True]), valid=np.array([True, True]), observation_texts=["start"],
+        observation_id=np.array([0, 0]), max_steps=5,
+    )
+    tables = tb.build_tables([graph])
+    logits = tb.initial_logits(tables)
+    assert tb.success_probability(tables, logits) == pytest.approx([0.5])
+    batch = tb.rollout(tables, logits, np.array([[[0.25] * 5, [0.75] * 5]]))
+    assert batch.traj.tolist() == [0, 1] and batch.action.tolist() == [0, 1] and batch.reward.tolist() == [0.0, 1.0]
+
+
 def test_policy_gradient_step_by_hand():
     logits = np.array([[0.0, 0.0, -np.inf], [np.log(3.0), 0.0, 0.0]])
     # State 0 (pi = 1/2, 1/2): actions 0 with A=1 and 1 with A=-1: lr * (1 - 1/2 + 1/2) = +lr on action 0.
