@@ -197,6 +197,8 @@ class Arm:
     """Trajectories per group."""
     baseline: str = "grpo"
     """The arm this one is compared with, seed by seed (GRPO at the same group size)."""
+    reference: str | None = None
+    """A second arm compared seed by seed: the GiGPO arm that a GiGPO variant changes one setting of."""
 
 
 ARMS: dict[str, Arm] = {
@@ -204,13 +206,13 @@ ARMS: dict[str, Arm] = {
     "drgrpo": Arm({"preset": "drgrpo"}),
     "rloo": Arm({"preset": "rloo"}),
     "gigpo": Arm({"preset": "gigpo"}),  # Dr.GRPO episode + mean-centred step advantages, omega 1
-    "gigpo-mean_std": Arm({"preset": "gigpo", "advantage": "grpo", "step_normalize": "mean_std"}),
-    "step-only": Arm({"preset": "gigpo", "advantage": "none"}),
-    "gigpo-w0.5": Arm({"preset": "gigpo", "step_weight": 0.5}),
-    "gigpo-w2": Arm({"preset": "gigpo", "step_weight": 2.0}),
-    "gigpo-similarity": Arm({"preset": "gigpo"}, anchor="similarity"),
-    "gigpo-context1": Arm({"preset": "gigpo"}, anchor="context", history_turns=1),
-    "gigpo-context2": Arm({"preset": "gigpo"}, anchor="context", history_turns=2),
+    "gigpo-mean_std": Arm({"preset": "gigpo", "advantage": "grpo", "step_normalize": "mean_std"}, reference="gigpo"),
+    "step-only": Arm({"preset": "gigpo", "advantage": "none"}, reference="gigpo"),
+    "gigpo-w0.5": Arm({"preset": "gigpo", "step_weight": 0.5}, reference="gigpo"),
+    "gigpo-w2": Arm({"preset": "gigpo", "step_weight": 2.0}, reference="gigpo"),
+    "gigpo-similarity": Arm({"preset": "gigpo"}, anchor="similarity", reference="gigpo"),
+    "gigpo-context1": Arm({"preset": "gigpo"}, anchor="context", history_turns=1, reference="gigpo"),
+    "gigpo-context2": Arm({"preset": "gigpo"}, anchor="context", history_turns=2, reference="gigpo"),
     "grpo-g8": Arm({"preset": "grpo"}, group_size=8, baseline="grpo-g8"),
     "gigpo-g8": Arm({"preset": "gigpo"}, group_size=8, baseline="grpo-g8"),
 }
@@ -689,10 +691,13 @@ def summarize_env(results: dict[str, dict[str, ArmResult]], evaluations: list[in
                 "mean_anchor_group_size": float(np.mean(result.mean_group_size)),
                 "per_seed_final_success": final.tolist(),
             }
-            baseline = ARMS[name].baseline
+            baseline, reference = ARMS[name].baseline, ARMS[name].reference
             if baseline != name:
                 entry["vs_baseline"] = {"baseline": baseline,
                                         **paired_difference(final, arms[baseline].success[:, -1]).as_dict()}
+            if reference in arms:
+                entry["vs_reference"] = {"reference": reference,
+                                         **paired_difference(final, arms[reference].success[:, -1]).as_dict()}
             summary[view][name] = entry
     return summary
 
@@ -710,15 +715,18 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
             title = "Equal mean |A| per batch (primary view)" if view == "equal" else "Raw advantage scale"
             lines += [f"{title}:", "",
                       "| arm | final success (95% CI) | difference vs baseline (95% CI) | Wilcoxon p | wins/losses "
-                      "| rows in anchor groups >= 2 | raw mean abs(A) |",
-                      "|---|---|---|---|---|---|---|"]
+                      "| difference vs gigpo (95% CI), p | rows in anchor groups >= 2 | raw mean abs(A) |",
+                      "|---|---|---|---|---|---|---|---|"]
             for arm, r in arms.items():
-                diff = r.get("vs_baseline")
+                diff, ref = r.get("vs_baseline"), r.get("vs_reference")
                 cells = ("-", "-", "-") if diff is None else (
                     f"{100 * diff['mean']:+.1f} [{100 * diff['ci_low']:+.1f}, {100 * diff['ci_high']:+.1f}] vs {diff['baseline']}",
                     f"{diff['wilcoxon_p']:.2g}", f"{diff['wins']}/{diff['losses']}")
+                versus = "-" if ref is None else (
+                    f"{100 * ref['mean']:+.1f} [{100 * ref['ci_low']:+.1f}, {100 * ref['ci_high']:+.1f}], {ref['wilcoxon_p']:.2g}")
                 lines.append(f"| {arm} | {100 * r['final_success']['mean']:.1f} ± {100 * r['final_success']['ci95']:.1f} | "
-                             f"{' | '.join(cells)} | {100 * r['grouped_fraction']:.0f}% | {r['raw_mean_abs_advantage']:.3f} |")
+                             f"{' | '.join(cells)} | {versus} | {100 * r['grouped_fraction']:.0f}% | "
+                             f"{r['raw_mean_abs_advantage']:.3f} |")
             lines.append("")
     path.write_text("\n".join(lines))
 
@@ -787,7 +795,8 @@ def run(settings: Settings, out: Path, progress=None) -> dict[str, Any]:
         "settings": {**vars(settings), "arms": list(arms), "envs": list(settings.envs), "views": list(VIEWS),
                      "advantage_target_mean_abs": 1.0},
         "arms": {name: {"algo": ARMS[name].algo, "anchor": ARMS[name].anchor, "history_turns": ARMS[name].history_turns,
-                        "group_size": ARMS[name].group_size, "baseline": ARMS[name].baseline} for name in arms},
+                        "group_size": ARMS[name].group_size, "baseline": ARMS[name].baseline,
+                        "reference": ARMS[name].reference} for name in arms},
         "envs": {},
     }
     for env_index, env_name in enumerate(settings.envs):

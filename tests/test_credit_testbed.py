@@ -217,6 +217,11 @@ def test_quick_run_writes_sane_outputs(tmp_path):
                     assert diff["ci_low"] <= diff["mean"] <= diff["ci_high"] and 0.0 <= diff["wilcoxon_p"] <= 1.0
                     finals = np.array(r["per_seed_final_success"]) - np.array(arms[baseline]["per_seed_final_success"])
                     assert diff["mean"] == pytest.approx(finals.mean())
+                reference = tb.ARMS[arm].reference
+                assert ("vs_reference" in r) == (reference in arms)
+                if reference in arms:
+                    finals = np.array(r["per_seed_final_success"]) - np.array(arms[reference]["per_seed_final_success"])
+                    assert r["vs_reference"]["mean"] == pytest.approx(finals.mean())
     assert summary["envs"]["maze-long"]["skipped_arms"] == ["gigpo-similarity"]
     table = (out / "summary.md").read_text()
     assert table.count("| arm | final success") == 2 * len(tb.ENVIRONMENTS)
