@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -787,7 +788,7 @@ def plot(summary: dict[str, Any], out: Path) -> list[Path]:
 
 def run(settings: Settings, out: Path, progress=None) -> dict[str, Any]:
     """Explore, train every arm under both views, write the outputs; returns the summary."""
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), sum(os.times()[:4])  # this process and its finished workers
     arms = with_baselines(settings.arms)
     for name in arms:  # bad arm settings fail here, before any work; this also loads the loss table
         AlgorithmConfig(**ARMS[name].algo).resolved()  # once, so that forked workers inherit it
@@ -815,6 +816,7 @@ def run(settings: Settings, out: Path, progress=None) -> dict[str, Any]:
                 progress.advance(task)
         if pool:
             pool.close()
+            pool.join()
         tables = build_tables(graphs)
         states = np.array([len(g.anchors) for g in graphs])
         del graphs
@@ -834,6 +836,7 @@ def run(settings: Settings, out: Path, progress=None) -> dict[str, Any]:
                 progress.advance(task)
         if pool:
             pool.close()
+            pool.join()
         results = {view: {name: results[view][name] for name in env_arms} for view in VIEWS}
         summary["envs"][env_name] = {
             "env_id": spec.env_id, "kwargs": spec.kwargs, "description": spec.description,
@@ -845,6 +848,7 @@ def run(settings: Settings, out: Path, progress=None) -> dict[str, Any]:
         }
         _WORKER_STATE.clear()
     summary["wall_s"] = time.perf_counter() - start
+    summary["cpu_s"] = sum(os.times()[:4]) - cpu_start
     summary["machine"] = machine_info()
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

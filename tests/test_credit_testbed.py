@@ -196,6 +196,7 @@ def test_quick_run_writes_sane_outputs(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     settings = summary["settings"]
     assert settings["seeds"] == 6 and settings["views"] == ["equal", "raw"]
+    assert summary["wall_s"] > 0 and summary["cpu_s"] > 0
     assert set(summary["envs"]) == set(tb.ENVIRONMENTS)
     for env, data in summary["envs"].items():
         assert 0.0 < data["uniform_success"] < 1.0 and data["states_per_task"]["min"] >= 2
