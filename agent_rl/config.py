@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import yaml
 
-ANCHOR_KINDS = ("state", "observation", "fingerprint", "similarity")
+ANCHOR_KINDS = ("state", "observation", "fingerprint", "similarity", "context")
 
 ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
     # name: episode-level advantage, loss preset (agent_rl.losses.LOSS_PRESETS), GiGPO step credit,
@@ -75,8 +75,10 @@ class EnvConfig:
     """Constructor arguments passed to ``gymnasium.make(id, **kwargs)`` (difficulty knobs)."""
     imports: list[str] = field(default_factory=list)
     """Modules imported before ``gymnasium.make``; importing them registers user environments."""
-    anchor_key: Literal["state", "observation", "fingerprint", "similarity"] | None = None
-    """Anchor key function for GiGPO step groups; None uses the environment's registered default."""
+    anchor_key: Literal["state", "observation", "fingerprint", "similarity", "context"] | None = None
+    """Anchor key function for GiGPO step groups (``anchors.KEY_KINDS``; ``context`` keys the state
+    together with the last ``rollout.history_turns`` turns its prompt shows); None uses the
+    environment's registered default."""
 
     _shorthand = "id"
 
@@ -120,8 +122,9 @@ class AlgorithmConfig:
 
     preset: Literal["grpo", "drgrpo", "dapo", "gspo", "rloo", "cispo", "gigpo"] = "gigpo"
     """Algorithm preset: sets ``advantage``, ``loss`` and ``step_credit`` unless those are given."""
-    advantage: Literal["grpo", "drgrpo", "rloo"] | None = None
-    """Episode-level advantage: grpo (R-mean)/(std+eps), drgrpo R-mean, rloo leave-one-out; None = preset."""
+    advantage: Literal["grpo", "drgrpo", "rloo", "none"] | None = None
+    """Episode-level advantage: grpo (R-mean)/(std+eps), drgrpo R-mean, rloo leave-one-out, or none (no
+    trajectory-level term: step credit alone, which needs step credit on); None = preset."""
     loss: str | None = None
     """Loss preset name from ``agent_rl.losses.LOSS_PRESETS``; None = the algorithm preset's loss."""
     step_credit: bool | None = None
@@ -165,10 +168,17 @@ class AlgorithmConfig:
             loss_kwargs["kl_coef"] = self.kl_coef
         if self.kl_estimator is not None:
             loss_kwargs["kl_estimator"] = self.kl_estimator
+        advantage = self.advantage if self.advantage is not None else base["advantage"]
+        step_credit = self.step_credit if self.step_credit is not None else base["step_credit"]
+        if advantage == "none" and not step_credit:
+            raise ConfigError(
+                "config key 'algo.advantage': 'none' leaves step credit as the only advantage, but step credit is "
+                f"off for preset {self.preset!r}; set algo.step_credit=true"
+            )
         return {
-            "advantage": self.advantage if self.advantage is not None else base["advantage"],
+            "advantage": advantage,
             "loss": loss,
-            "step_credit": self.step_credit if self.step_credit is not None else base["step_credit"],
+            "step_credit": step_credit,
             "step_normalize": self.step_normalize if self.step_normalize is not None else base["step_normalize"],
             "loss_kwargs": loss_kwargs,
         }

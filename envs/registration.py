@@ -15,7 +15,7 @@ from typing import Any, Callable
 import gymnasium as gym
 
 NAMESPACE = "agent_rl"
-ANCHOR_KEYS = ("state", "observation", "fingerprint", "similarity")
+ANCHOR_KEYS = ("state", "observation", "fingerprint", "similarity", "context")
 
 
 @dataclass(frozen=True)

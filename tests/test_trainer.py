@@ -478,3 +478,19 @@ def test_learning_is_real_on_a_tiny_maze(tmp_path, small_policy_dir):
     before, after = records[0]["eval/greedy_success"], records[-1]["eval/greedy_success"]
     assert records[-1]["iteration"] == 12
     assert after >= before + 0.5, (before, after)
+
+
+def test_context_anchor_keys_follow_the_prompt_history():
+    from training.trainer import anchor_keys
+
+    # One trajectory revisits state s0 after different actions; a prompt with one history turn
+    # tells the two visits apart, a prompt with none does not.
+    batch = StepBatch.for_credit([0, 0, 0, 0], [0, 0, 0, 0], [0.0, 0.0, 0.0, 1.0])
+    batch.anchor_state = ["s0", "s1", "s0", "s0"]
+    batch.observation = ["o0", "o1", "o0", "o0"]
+    batch.action = ["go north", "go south", "look", "take key"]
+    one = load_config(overrides=["rollout.history_turns=1"]).rollout
+    keys = anchor_keys(batch, "context", one)
+    assert keys[2] != keys[3] and len(set(keys.tolist())) == 4
+    none = load_config(overrides=["rollout.history_turns=0"]).rollout
+    np.testing.assert_array_equal(anchor_keys(batch, "context", none), anchor_keys(batch, "state", none))

@@ -75,6 +75,18 @@ def _forwarded_tokens(batches: list[np.ndarray], prompts: list[np.ndarray], prom
     return total
 
 
+def anchor_keys(batch: StepBatch, kind: str, rollout) -> np.ndarray:
+    """The anchor key of every row: what ``kind`` reads of the batch, and for ``context`` the history
+    the prompts showed (their observations only when ``rollout.history_observations``)."""
+    context = kind == "context"
+    return compute_anchor_keys(
+        kind, observations=batch.observation if rollout.history_observations or not context else None,
+        errors=batch.error, states=batch.anchor_state, group_ids=batch.group_id if kind == "similarity" else None,
+        actions=batch.action if context else None, traj_ids=batch.traj_id if context else None,
+        history_turns=rollout.history_turns if context else None,
+    )
+
+
 RATIO_EXTREMES = {"ratio_max": max, "log_ratio_abs_max": max, "ratio_min": min}
 """Metrics reported as the extreme over an update's micro-batches and optimizer steps, not a mean."""
 
@@ -427,10 +439,7 @@ class Trainer:
             }
             if len(batch):  # dynamic sampling may keep no group: nothing to learn from this round
                 start = time.perf_counter()
-                batch.anchor_key = compute_anchor_keys(
-                    self.anchor_kind, observations=batch.observation, errors=batch.error, states=batch.anchor_state,
-                    group_ids=batch.group_id if self.anchor_kind == "similarity" else None,
-                )
+                batch.anchor_key = anchor_keys(batch, self.anchor_kind, cfg.rollout)
                 credit = compute_advantages(batch, cfg.algo)
                 advantages = credit.advantages
                 timings["time/advantage"] = time.perf_counter() - start
