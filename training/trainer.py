@@ -29,7 +29,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from agent_rl.advantages import compute_advantages
 from agent_rl.config import Config, config_to_dict, resolve, save_config
-from anchors import compute_anchor_keys
 from training import checkpoint
 from training.distributed import broadcast_flag, broadcast_parameters, init_distributed, resolve_device, shutdown_distributed
 from training.engines import Engine, engine_from_config
@@ -37,7 +36,7 @@ from training.envpool import EnvFactory, env_factory, pool_from_config
 from training.evaluation import evaluate_heldout
 from training.learner import Learner
 from training.logger import RunLogger
-from training.rollout import collect_rollouts
+from training.rollout import anchor_keys, collect_rollouts
 from training.sft import warm_start
 
 RESUME_MAY_CHANGE = ("trainer.iterations", "trainer.run_dir", "trainer.target_success", "trainer.confirm_episodes", "trainer.torch_threads", "logging", "engine", "scale")
@@ -171,10 +170,7 @@ class Trainer:
             metrics.update({f"rollout/{name}": stats[key] for name, key in ROLLOUT_METRICS.items()})
             if len(batch):  # dynamic sampling may keep no group: nothing to learn from this round
                 with timed(metrics, "time/advantage"):
-                    batch.anchor_key = compute_anchor_keys(
-                        cfg.env.anchor_key, observations=batch.observation, errors=batch.error, states=batch.anchor_state,
-                        group_ids=batch.group_id if cfg.env.anchor_key == "similarity" else None,
-                    )
+                    batch.anchor_key = anchor_keys(batch, cfg.env.anchor_key, cfg.rollout)
                     credit = compute_advantages(batch, cfg.algo)
                 metrics.update(credit.metrics())
                 advantages = credit.advantages

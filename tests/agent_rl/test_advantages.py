@@ -18,7 +18,7 @@ from agent_rl.advantages import (
     step_advantages,
 )
 from agent_rl.batch import StepBatch
-from agent_rl.config import load_config, resolve_algorithm
+from agent_rl.config import ConfigError, load_config, resolve_algorithm
 
 EPS = 1e-6
 
@@ -217,6 +217,29 @@ def test_pipeline_is_episode_plus_weighted_step():
     np.testing.assert_allclose(
         compute_advantages(batch, algo).advantages, [0.5 + 0.5 * 0.45, 0.5 + 0.5 * 0.5, -0.5 - 0.5 * 0.45, -0.5 - 0.5 * 0.5]
     )
+
+
+def test_step_only_credit_by_hand():
+    # Trajectory 0 wins (s0 -> s1, reward 1), trajectory 1 loses (s0 -> s0, reward 0). gamma 0.5.
+    batch = step_batch([0] * 4, [0, 0, 1, 1], [0, 1, 0, 0], ["s0", "s1", "s0", "s0"])
+    step_only = compute_advantages(batch, resolved_algo(["algo=gigpo", "algo.advantage=none", "algo.gamma=0.5"]))
+    # Step returns [0.5, 1, 0, 0]; anchor group s0 = {0.5, 0, 0} (mean 1/6), s1 = {1} (singleton: 0).
+    np.testing.assert_allclose(step_only.advantages, [0.5 - 1 / 6, 0.0, -1 / 6, -1 / 6], atol=1e-12)
+    np.testing.assert_array_equal(step_only.episode, np.zeros(4))
+    np.testing.assert_array_equal(step_only.advantages, step_only.step)
+    # GiGPO adds the episode part (Dr.GRPO: +-0.5) to exactly these step advantages.
+    gigpo = compute_advantages(batch, resolved_algo(["algo=gigpo", "algo.gamma=0.5"]))
+    np.testing.assert_allclose(gigpo.advantages - step_only.advantages, [0.5, 0.5, -0.5, -0.5], atol=1e-12)
+    # step_weight still scales the step part; mean_std normalization applies as usual.
+    weighted = compute_advantages(batch, resolved_algo(["algo=gigpo", "algo.advantage=none", "algo.gamma=0.5",
+                                                        "algo.step_weight=2"]))
+    np.testing.assert_allclose(weighted.advantages, 2 * step_only.advantages, atol=1e-12)
+
+
+def test_step_only_credit_needs_step_credit():
+    with pytest.raises(ConfigError, match="algo.advantage.*algo.step_credit=true"):
+        load_config(overrides=["algo=grpo", "algo.advantage=none"])
+    assert resolved_algo(["algo=grpo", "algo.advantage=none", "algo.step_credit=true"]).advantage == "none"
 
 
 def test_invalid_penalty_is_charged_to_the_invalid_step_alone():
