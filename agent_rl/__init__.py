@@ -1,7 +1,7 @@
 """agent-rl: multi-turn agent RL on text environments with step-level credit assignment.
 
-Importing this package is cheap: numpy only. Torch-based pieces (``agent_rl.losses``) load on
-first attribute access.
+Importing this package is cheap: numpy only. Everything below loads on first attribute access,
+so ``from agent_rl import load_config, train`` imports the trainer (torch) only then.
 """
 
 from __future__ import annotations
@@ -12,6 +12,15 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {
+    # configs
+    "Config": ("agent_rl.config", "Config"),
+    "load_config": ("agent_rl.config", "load_config"),
+    "resolve": ("agent_rl.config", "resolve"),
+    # training, resuming and evaluating (what the CLI does)
+    "Trainer": ("training.trainer", "Trainer"),
+    "train": ("training.trainer", "train"),
+    "evaluate_policy": ("training.evaluation", "evaluate_policy"),
+    # the credit-assignment core
     "StepBatch": ("agent_rl.batch", "StepBatch"),
     "discounted_returns": ("agent_rl.advantages", "discounted_returns"),
     "episode_advantages": ("agent_rl.advantages", "episode_advantages"),
@@ -20,7 +29,7 @@ _LAZY = {
     "Credit": ("agent_rl.advantages", "Credit"),
     "policy_loss": ("agent_rl.losses", "policy_loss"),
     "kl_penalty": ("agent_rl.losses", "kl_penalty"),
-    "LOSS_PRESETS": ("agent_rl.losses", "LOSS_PRESETS"),
+    "LOSS_PRESETS": ("agent_rl.config", "LOSS_PRESETS"),
 }
 
 __all__ = ["__version__", *_LAZY]

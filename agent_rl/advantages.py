@@ -208,7 +208,8 @@ class Credit:
     advantages: np.ndarray
     """The advantage the learner uses: ``episode + step_weight * step - invalid_penalty * invalid``."""
     episode: np.ndarray
-    """Trajectory-level part (Eq. 3): the trajectory's total reward against its group."""
+    """Trajectory-level part (Eq. 3): the trajectory's total reward against its group; 0 with
+    ``algo.advantage="none"``."""
     step: np.ndarray
     """Step-level part (Eq. 7): the step's discounted return against its anchor group; 0 without
     step credit and for singleton anchor groups."""
@@ -232,8 +233,8 @@ class Credit:
 
 
 def compute_advantages(batch: StepBatch, algo: AlgorithmConfig) -> Credit:
-    """One advantage per row of ``batch`` for the algorithm ``algo`` (presets resolved), as in the
-    GiGPO paper:
+    """One advantage per row of ``batch`` for the resolved algorithm ``algo``
+    (``agent_rl.config.resolve_algorithm``), as in the GiGPO paper:
 
     - Eq. 3, episode: each trajectory's total reward R against its group (same seed), with the
       preset's estimator (``grpo``, ``drgrpo`` or ``rloo``, see :func:`episode_advantages`).
@@ -242,26 +243,35 @@ def compute_advantages(batch: StepBatch, algo: AlgorithmConfig) -> Credit:
       (:func:`step_advantages`, ``mean`` or ``mean_std``); only with step credit.
     - Eq. 8: ``A = A_episode + step_weight * A_step``.
 
+    With ``algo.advantage="none"`` the episode part is 0 and step credit alone remains.
+
     ``algo.invalid_penalty`` is then charged to each row whose action was invalid, on that row
     alone: it is not discounted into earlier steps and enters no group statistic, so no std can
     scale it up. Anchor groups are built once; their statistics are reported with or without step
     credit. ``batch.anchor_key`` must be set when step credit is on.
     """
-    parts = algo.resolved()
+    open_parts = [name for name in ("advantage", "step_credit", "step_normalize") if getattr(algo, name) is None]
+    if open_parts:
+        raise ValueError(
+            f"algo leaves {', '.join(open_parts)} to its preset; pass agent_rl.config.resolve_algorithm(algo)"
+        )
     n = len(batch)
     traj_code, _ = dense_ids(batch.traj_id)
     episode_return = np.bincount(traj_code, weights=batch.reward)[traj_code] if n else np.zeros(0)
-    episode = episode_advantages(
-        episode_return, batch.group_id, batch.traj_id, mode=parts["advantage"], stats=algo.episode_stats, eps=algo.eps
-    )
+    if algo.advantage == "none":
+        episode = np.zeros(n)
+    else:
+        episode = episode_advantages(
+            episode_return, batch.group_id, batch.traj_id, mode=algo.advantage, stats=algo.episode_stats, eps=algo.eps
+        )
     step = np.zeros(n)
     step_groups = group_stats_ = None
     if batch.anchor_key is not None:
         step_groups, group_stats_ = group_steps(batch.group_id, batch.anchor_key)
-    if parts["step_credit"]:
+    if algo.step_credit:
         if step_groups is None:
             raise ValueError("step credit needs StepBatch.anchor_key (see anchors.compute_anchor_keys)")
         step_returns = discounted_returns(batch.reward, batch.traj_id, algo.gamma)
-        step = _normalize_within(step_returns, step_groups, group_stats_.n_groups, parts["step_normalize"], algo.eps)
+        step = _normalize_within(step_returns, step_groups, group_stats_.n_groups, algo.step_normalize, algo.eps)
     advantages = episode + algo.step_weight * step - algo.invalid_penalty * ~batch.action_valid
     return Credit(advantages, episode, step, step_groups, group_stats_)

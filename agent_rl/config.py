@@ -10,8 +10,11 @@ recipe) <- a YAML file <- command-line overrides. Dotted keys address fields
 dotted sub-keys (``env.kwargs.max_steps=40``). Unknown keys and invalid values raise
 :class:`ConfigError` naming the key.
 
-This module imports no torch: the rollout section's dataclass (``training.rollout.RolloutConfig``)
-and the loss preset table (``agent_rl.losses.LOSS_PRESETS``) are imported when a config is built.
+:func:`resolve` makes every choice a config leaves open (``engine=auto``, the environment's default
+anchor key, the algorithm preset's parts, Dr.GRPO's normalizer) in one place; the trainer, the
+run directory's ``config.yaml`` and the checkpoints hold the resolved config.
+
+This module imports neither torch nor ``training``: building a config is cheap.
 """
 
 from __future__ import annotations
@@ -29,11 +32,9 @@ from typing import Any, Literal
 
 import yaml
 
-ANCHOR_KINDS = ("state", "observation", "fingerprint", "similarity")
-
 ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
-    # name: episode-level advantage, loss preset (agent_rl.losses.LOSS_PRESETS), GiGPO step credit,
-    # and the step level's normalization when step credit is turned on.
+    # name: episode-level advantage, loss preset (LOSS_PRESETS), GiGPO step credit, and the step
+    # level's normalization when step credit is turned on.
     "grpo": {"advantage": "grpo", "loss": "grpo", "step_credit": False, "step_normalize": "mean_std"},
     "drgrpo": {"advantage": "drgrpo", "loss": "drgrpo", "step_credit": False, "step_normalize": "mean"},
     "dapo": {"advantage": "grpo", "loss": "dapo", "step_credit": False, "step_normalize": "mean_std"},
@@ -50,8 +51,30 @@ step-level credit is added and how step returns are normalized. ``algo.advantage
 algo.step_credit=true`` is DAPO's loss with GiGPO credit and ``algo=gigpo algo.loss=grpo`` is GiGPO
 credit with GRPO's token-level ratio."""
 
+LOSS_PRESETS: dict[str, dict[str, Any]] = {
+    # DeepSeekMath GRPO: token ratio, symmetric clip, per-sequence token mean, k3 KL to the reference.
+    "grpo": dict(ratio_level="token", clip_low=0.2, clip_high=0.2, loss_agg="seq_mean_token_mean", kl_coef=0.001, kl_estimator="k3"),
+    # Dr.GRPO: no length normalization bias: token sum over a constant (B * norm_length); no KL.
+    "drgrpo": dict(ratio_level="token", clip_low=0.2, clip_high=0.2, loss_agg="seq_mean_token_sum_norm", kl_coef=0.0),
+    # DAPO: clip-higher, token-level mean over the batch, no KL (dynamic sampling and overlong
+    # shaping live in the rollout config).
+    "dapo": dict(ratio_level="token", clip_low=0.2, clip_high=0.28, loss_agg="token_mean", kl_coef=0.0),
+    # GSPO: sequence-level ratio (length-normalized), clipped with a much narrower band.
+    "gspo": dict(ratio_level="sequence", clip_low=3e-4, clip_high=4e-4, loss_agg="seq_mean_token_mean", kl_coef=0.0),
+    # GSPO-token: the GSPO ratio value with per-token gradients (for per-token advantages).
+    "gspo_token": dict(ratio_level="sequence_token", clip_low=3e-4, clip_high=4e-4, loss_agg="seq_mean_token_mean", kl_coef=0.0),
+    # RLOO: REINFORCE with the leave-one-out baseline (the advantage mode); no clipping.
+    "rloo": dict(ratio_level="token", clip_low=None, clip_high=None, loss_agg="seq_mean_token_mean", kl_coef=0.0),
+    # CISPO: clipped, stop-gradient importance weight times A * logp; every token keeps a gradient.
+    "cispo": dict(ratio_level="token", clip_low=None, clip_high=None, cispo_cap=4.0, loss_agg="token_mean", kl_coef=0.0),
+}
+"""Keyword arguments of ``agent_rl.losses.policy_loss`` for each named loss."""
+
 LOSS_KWARGS = ("ratio_level", "clip_low", "clip_high", "cispo_cap", "loss_agg", "norm_length")
 """Keys ``algo.loss_kwargs`` may override on top of the loss preset (``agent_rl.losses.policy_loss``)."""
+
+ACTION_PARSERS = ("first_line", "action_tag")
+"""How actions are read from completions (``training.prompts.PARSERS`` implements each)."""
 
 
 class ConfigError(ValueError):
@@ -66,7 +89,8 @@ class EnvConfig:
     """Which environment to train on."""
 
     id: str = "agent_rl/Maze-v0"
-    """Registered text-environment id (bundled or user-registered)."""
+    """Registered text-environment id (bundled or user-registered); with an environment factory
+    passed to the trainer, the run's name for its environment."""
     kwargs: dict[str, Any] = field(
         default_factory=lambda: {
             "n_rooms": 4, "n_locked_doors": 1, "dead_ends": 1, "extra_edges": 0, "n_distractors": 0, "max_steps": 20
@@ -75,8 +99,10 @@ class EnvConfig:
     """Constructor arguments passed to ``gymnasium.make(id, **kwargs)`` (difficulty knobs)."""
     imports: list[str] = field(default_factory=list)
     """Modules imported before ``gymnasium.make``; importing them registers user environments."""
-    anchor_key: Literal["state", "observation", "fingerprint", "similarity"] | None = None
-    """Anchor key function for GiGPO step groups; None uses the environment's registered default."""
+    anchor_key: str | None = None
+    """Anchor key kind for GiGPO step groups (one of ``anchors.KEY_KINDS``; ``context`` keys the state
+    together with the last ``rollout.history_turns`` turns its prompt shows); None uses the
+    environment's registered default."""
 
     _shorthand = "id"
 
@@ -103,7 +129,7 @@ class EngineConfig:
     """The generation engine used for rollouts and evaluation."""
 
     kind: Literal["auto", "hf", "vllm"] = "auto"
-    """``vllm`` when importable under ``auto``, else ``hf`` (Hugging Face ``generate``)."""
+    """``hf`` (Hugging Face ``generate``), ``vllm``, or ``auto``: ``vllm`` when it imports, else ``hf``."""
     kv_cache_memory_bytes: int = 256 * 1024**2
     """vLLM only: KV-cache size in bytes (must be explicit on CPU)."""
     enforce_eager: bool = False
@@ -115,13 +141,80 @@ class EngineConfig:
 
 
 @dataclass
+class RolloutConfig:
+    """How rollouts are collected and prompts are built."""
+
+    n_groups: int = 8
+    """Groups (distinct seeds, i.e. distinct initial states) per batch."""
+    group_size: int = 4
+    """Trajectories per group, all reset with the group's seed."""
+    max_turns: int = 20
+    """A trajectory still running after this many turns is cut (``done`` and ``truncated``)."""
+    history_turns: int = 2
+    """Past (observation, action) turns shown in each prompt."""
+    history_observations: bool = True
+    """Show the observations of the history turns; False shows only their actions (shorter prompts)."""
+    system_prompt: str | None = None
+    """The system message; None uses the action parser's instructions, "" sends none (a model
+    trained from scratch learns the format from the warm start, and every prompt is shorter)."""
+    max_prompt_tokens: int = 1024
+    """Prompt budget; over it, history goes oldest first, then the head of the observation."""
+    max_new_tokens: int = 24
+    """Generation limit per turn; a response that hits it is ``overlong``."""
+    temperature: float = 1.0
+    """Sampling temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling mass; keep 1.0 for on-policy RL (the learner does not renormalize)."""
+    parser: Literal[ACTION_PARSERS] = "first_line"
+    """How actions are read from completions: ``first_line`` (embedded model) or ``action_tag``."""
+    show_admissible_actions: bool = True
+    """List the environment's admissible actions in the prompt when it provides them."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling: drop groups whose trajectory returns are all equal, collect more."""
+    max_resample_rounds: int = 3
+    """Extra collection rounds dynamic sampling may run to fill the batch."""
+    overlong_penalty: float = 0.0
+    """Reward subtracted from a response at the token limit (0 disables overlong shaping)."""
+    overlong_buffer: int = 0
+    """Tokens before the limit over which the penalty ramps up linearly (0: only at the limit)."""
+
+    def __post_init__(self) -> None:
+        for name in ("n_groups", "group_size", "max_turns", "max_prompt_tokens", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("history_turns", "max_resample_rounds", "overlong_buffer"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"RolloutConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if self.overlong_buffer > self.max_new_tokens:
+            raise ValueError(
+                f"RolloutConfig.overlong_buffer ({self.overlong_buffer}) exceeds max_new_tokens ({self.max_new_tokens})"
+            )
+        if self.overlong_penalty < 0:
+            raise ValueError(f"RolloutConfig.overlong_penalty must be >= 0, got {self.overlong_penalty}")
+        if self.parser not in ACTION_PARSERS:
+            raise ValueError(f"RolloutConfig.parser must be one of {sorted(ACTION_PARSERS)}, got {self.parser!r}")
+        if not self.temperature > 0:
+            raise ValueError(f"RolloutConfig.temperature must be > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"RolloutConfig.top_p must be in (0, 1], got {self.top_p}")
+
+
+def _default_rollout() -> RolloutConfig:
+    # The main-job recipe: 8 groups x 8 trajectories, the last turn in the prompt (without it a greedy
+    # reactive policy walks back and forth), and room for the longest Maze action (9 tokens + EOS with
+    # the embedded tokenizer).
+    return RolloutConfig(n_groups=8, group_size=8, max_turns=20, history_turns=1, max_new_tokens=12)
+
+
+@dataclass
 class AlgorithmConfig:
-    """Credit assignment and policy loss. See :data:`ALGORITHM_PRESETS`."""
+    """Credit assignment and policy loss (presets: ``ALGORITHM_PRESETS``)."""
 
     preset: Literal["grpo", "drgrpo", "dapo", "gspo", "rloo", "cispo", "gigpo"] = "gigpo"
     """Algorithm preset: sets ``advantage``, ``loss`` and ``step_credit`` unless those are given."""
-    advantage: Literal["grpo", "drgrpo", "rloo"] | None = None
-    """Episode-level advantage: grpo (R-mean)/(std+eps), drgrpo R-mean, rloo leave-one-out; None = preset."""
+    advantage: Literal["grpo", "drgrpo", "rloo", "none"] | None = None
+    """Episode-level advantage: grpo (R-mean)/(std+eps), drgrpo R-mean, rloo leave-one-out, or none (no
+    trajectory-level term: step credit alone, which needs step credit on); None = preset."""
     loss: str | None = None
     """Loss preset name from ``agent_rl.losses.LOSS_PRESETS``; None = the algorithm preset's loss."""
     step_credit: bool | None = None
@@ -150,28 +243,6 @@ class AlgorithmConfig:
     """KL estimator (d = logp - ref): k1 = d, k2 = d^2/2, k3 = exp(-d) + d - 1; None = the preset's (k3)."""
 
     _shorthand = "preset"
-
-    def resolved(self) -> dict[str, Any]:
-        """The concrete advantage mode, loss preset name, step credit flag, step normalization and loss kwargs."""
-        base = ALGORITHM_PRESETS[self.preset]
-        loss = self.loss if self.loss is not None else base["loss"]
-        loss_presets = _loss_presets()
-        if loss not in loss_presets:
-            raise ConfigError(
-                f"config key 'algo.loss': unknown loss preset {loss!r}; choose one of {sorted(loss_presets)}"
-            )
-        loss_kwargs = {"kl_coef": 0.0, "kl_estimator": "k3", **loss_presets[loss], **self.loss_kwargs}
-        if self.kl_coef is not None:
-            loss_kwargs["kl_coef"] = self.kl_coef
-        if self.kl_estimator is not None:
-            loss_kwargs["kl_estimator"] = self.kl_estimator
-        return {
-            "advantage": self.advantage if self.advantage is not None else base["advantage"],
-            "loss": loss,
-            "step_credit": self.step_credit if self.step_credit is not None else base["step_credit"],
-            "step_normalize": self.step_normalize if self.step_normalize is not None else base["step_normalize"],
-            "loss_kwargs": loss_kwargs,
-        }
 
 
 @dataclass
@@ -276,19 +347,6 @@ class ScaleConfig:
     """GPUs Ray reserves for each engine replica (1 for a vLLM replica per GPU)."""
 
 
-def _rollout_config_cls() -> type:
-    from training.rollout import RolloutConfig
-
-    return RolloutConfig
-
-
-def _default_rollout() -> Any:
-    # The main-job recipe: 8 groups x 8 trajectories, the last turn in the prompt (without it a greedy
-    # reactive policy walks back and forth), and room for the longest Maze action (9 tokens + EOS with
-    # the embedded tokenizer).
-    return _rollout_config_cls()(n_groups=8, group_size=8, max_turns=20, history_turns=1, max_new_tokens=12)
-
-
 @dataclass
 class Config:
     """The full training configuration."""
@@ -299,8 +357,8 @@ class Config:
     """Policy model."""
     engine: EngineConfig = field(default_factory=EngineConfig)
     """Generation engine."""
-    rollout: Any = field(default_factory=_default_rollout)
-    """Rollout collection (``training.rollout.RolloutConfig``)."""
+    rollout: RolloutConfig = field(default_factory=_default_rollout)
+    """Rollout collection and prompts."""
     algo: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     """Credit assignment and loss."""
     optim: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -316,13 +374,7 @@ class Config:
 
 
 def _section_types() -> dict[str, type]:
-    hints = typing.get_type_hints(Config)
-    hints["rollout"] = _rollout_config_cls()
-    return hints
-
-
-def _loss_presets() -> dict[str, dict[str, Any]]:
-    return importlib.import_module("agent_rl.losses").LOSS_PRESETS
+    return typing.get_type_hints(Config)
 
 
 # ---- parsing --------------------------------------------------------------------------------------
@@ -553,6 +605,11 @@ def _require(ok: bool, key: str, message: str) -> None:
 def validate(config: Config) -> None:
     """Range and consistency checks that types alone cannot express."""
     _require(bool(config.env.id.strip()), "env.id", "must not be empty")
+    if config.env.anchor_key is not None:
+        from anchors import KEY_KINDS  # numpy only
+
+        _require(config.env.anchor_key in KEY_KINDS, "env.anchor_key",
+                 f"{config.env.anchor_key!r} is not one of {list(KEY_KINDS)} (or null for the environment's default)")
     _require(config.engine.kv_cache_memory_bytes > 0, "engine.kv_cache_memory_bytes", "must be > 0")
     _require(config.engine.max_batch_size >= 1, "engine.max_batch_size", "must be >= 1")
     algo = config.algo
@@ -563,7 +620,9 @@ def validate(config: Config) -> None:
     _require(algo.invalid_penalty >= 0, "algo.invalid_penalty", "must be >= 0")
     for name in algo.loss_kwargs:
         _require(name in LOSS_KWARGS, f"algo.loss_kwargs.{name}", f"unknown loss argument; choose from {list(LOSS_KWARGS)}")
-    algo.resolved()  # checks the loss preset name
+    _require(algo.loss is None or algo.loss in LOSS_PRESETS, "algo.loss",
+             f"unknown loss preset {algo.loss!r}; choose one of {sorted(LOSS_PRESETS)}")
+    resolve_algorithm(algo)  # the parts the preset leaves open must combine (algo.advantage=none needs step credit)
     optim = config.optim
     _require(optim.lr > 0, "optim.lr", f"must be > 0, got {optim.lr}")
     _require(all(0 <= b < 1 for b in optim.betas), "optim.betas", "each beta must be in [0, 1)")
@@ -605,3 +664,77 @@ def validate(config: Config) -> None:
     _require(scale.engine_replicas >= 0, "scale.engine_replicas", "must be >= 0 (0 = one in-process engine)")
     _require(scale.num_cpus_per_actor > 0, "scale.num_cpus_per_actor", "must be > 0")
     _require(scale.num_gpus_per_replica >= 0, "scale.num_gpus_per_replica", "must be >= 0")
+
+
+# ---- resolution -------------------------------------------------------------------------------------
+
+
+def vllm_available() -> bool:
+    """Whether ``vllm`` imports in this environment (what ``engine=auto`` picks)."""
+    try:
+        importlib.import_module("vllm")
+    except Exception:  # a broken install (e.g. CUDA-only torchvision) counts as absent
+        return False
+    return True
+
+
+def resolve_algorithm(algo: AlgorithmConfig, norm_length: int | None = None) -> AlgorithmConfig:
+    """A copy of ``algo`` with every part its preset decides filled in: ``advantage``, ``loss``,
+    ``step_credit``, ``step_normalize``, ``kl_coef``, ``kl_estimator`` and all of ``loss_kwargs``
+    (the loss preset under the given overrides). ``norm_length`` is Dr.GRPO's constant normalizer
+    (``seq_mean_token_sum_norm``) when none is set. Resolving a resolved config changes nothing."""
+    base = ALGORITHM_PRESETS[algo.preset]
+    loss = algo.loss if algo.loss is not None else base["loss"]
+    advantage = algo.advantage if algo.advantage is not None else base["advantage"]
+    step_credit = algo.step_credit if algo.step_credit is not None else base["step_credit"]
+    if advantage == "none" and not step_credit:
+        raise ConfigError(
+            "config key 'algo.advantage': 'none' leaves step credit as the only advantage, but step credit is "
+            f"off for preset {algo.preset!r}; set algo.step_credit=true"
+        )
+    preset = {"cispo_cap": None, "norm_length": None, "kl_estimator": "k3", **LOSS_PRESETS[loss]}
+    loss_kwargs = {key: algo.loss_kwargs.get(key, preset[key]) for key in LOSS_KWARGS}
+    if loss_kwargs["norm_length"] is None and loss_kwargs["loss_agg"] == "seq_mean_token_sum_norm":
+        loss_kwargs["norm_length"] = norm_length
+    return dataclasses.replace(
+        algo,
+        advantage=advantage,
+        loss=loss,
+        step_credit=step_credit,
+        step_normalize=algo.step_normalize if algo.step_normalize is not None else base["step_normalize"],
+        loss_kwargs=loss_kwargs,
+        kl_coef=float(algo.kl_coef if algo.kl_coef is not None else preset["kl_coef"]),
+        kl_estimator=algo.kl_estimator if algo.kl_estimator is not None else preset["kl_estimator"],
+    )
+
+
+def default_anchor_key(env_id: str) -> str:
+    """The anchor key kind registered for ``env_id`` (``envs.register_text_env``); ``observation``
+    for any other environment (a plain Gymnasium env, or a label for a user's environment factory)."""
+    from envs import text_env_specs  # gymnasium, no torch
+
+    spec = text_env_specs().get(env_id)
+    return spec.default_anchor if spec is not None else "observation"
+
+
+def resolve(config: Config) -> Config:
+    """A copy of ``config`` with every open choice made, once for every consumer:
+
+    - ``engine.kind``: ``auto`` is ``vllm`` when it imports, else ``hf``;
+    - ``env.anchor_key``: None is the environment's registered default (after ``env.imports``);
+    - ``algo``: the preset's parts (:func:`resolve_algorithm`), with Dr.GRPO's ``norm_length`` set to
+      ``rollout.max_new_tokens``.
+
+    Resolving a resolved config changes nothing, so configs written before resolution existed (with
+    ``auto`` and nulls) compare equal to their resolved form once resolved."""
+    from envs import import_modules
+
+    resolved = copy.deepcopy(config)
+    if resolved.engine.kind == "auto":
+        resolved.engine.kind = "vllm" if vllm_available() else "hf"
+    if resolved.env.anchor_key is None:
+        import_modules(resolved.env.imports)
+        resolved.env.anchor_key = default_anchor_key(resolved.env.id)
+    resolved.algo = resolve_algorithm(resolved.algo, norm_length=resolved.rollout.max_new_tokens)
+    validate(resolved)
+    return resolved

@@ -15,6 +15,8 @@ from typing import Literal
 
 import torch
 
+from agent_rl.config import LOSS_PRESETS  # noqa: F401  (the named losses: policy_loss(**LOSS_PRESETS[name]))
+
 RatioLevel = Literal["token", "sequence", "sequence_token"]
 LossAgg = Literal["seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"]
 KLEstimator = Literal["k1", "k2", "k3"]
@@ -22,25 +24,6 @@ KLEstimator = Literal["k1", "k2", "k3"]
 RATIO_LEVELS = ("token", "sequence", "sequence_token")
 LOSS_AGGS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
 KL_ESTIMATORS = ("k1", "k2", "k3")
-
-LOSS_PRESETS: dict[str, dict] = {
-    # DeepSeekMath GRPO: token ratio, symmetric clip, per-sequence token mean, k3 KL to the reference.
-    "grpo": dict(ratio_level="token", clip_low=0.2, clip_high=0.2, loss_agg="seq_mean_token_mean", kl_coef=0.001, kl_estimator="k3"),
-    # Dr.GRPO: no length normalization bias: token sum over a constant (B * norm_length); no KL.
-    "drgrpo": dict(ratio_level="token", clip_low=0.2, clip_high=0.2, loss_agg="seq_mean_token_sum_norm", kl_coef=0.0),
-    # DAPO: clip-higher, token-level mean over the batch, no KL (dynamic sampling and overlong
-    # shaping live in the rollout/trainer config).
-    "dapo": dict(ratio_level="token", clip_low=0.2, clip_high=0.28, loss_agg="token_mean", kl_coef=0.0),
-    # GSPO: sequence-level ratio (length-normalized), clipped with a much narrower band.
-    "gspo": dict(ratio_level="sequence", clip_low=3e-4, clip_high=4e-4, loss_agg="seq_mean_token_mean", kl_coef=0.0),
-    # GSPO-token: the GSPO ratio value with per-token gradients (for per-token advantages).
-    "gspo_token": dict(ratio_level="sequence_token", clip_low=3e-4, clip_high=4e-4, loss_agg="seq_mean_token_mean", kl_coef=0.0),
-    # RLOO: REINFORCE with the leave-one-out baseline (the advantage mode); no clipping.
-    "rloo": dict(ratio_level="token", clip_low=None, clip_high=None, loss_agg="seq_mean_token_mean", kl_coef=0.0),
-    # CISPO: clipped, stop-gradient importance weight times A * logp; every token keeps a gradient.
-    "cispo": dict(ratio_level="token", clip_low=None, clip_high=None, cispo_cap=4.0, loss_agg="token_mean", kl_coef=0.0),
-}
-
 
 @dataclass
 class PolicyLossOutput:

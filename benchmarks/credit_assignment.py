@@ -26,10 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-BENCH_DIR = Path(__file__).resolve().parent
-sys.path = [entry for entry in sys.path if Path(entry or ".").resolve() != BENCH_DIR]
-sys.path.append(str(BENCH_DIR))
-from common import RESULTS_DIR, machine_info  # noqa: E402
+from benchmarks.common import RESULTS_DIR, machine_info
 
 
 @dataclass(frozen=True)

@@ -3,14 +3,13 @@
 Synthetic batches look like agent rollouts: groups of 8 trajectories of 5-15 turns, sparse terminal
 rewards, and anchor states drawn from a small per-group set so that states recur (revisits).
 
-    python benchmarks/credit_ops.py            # 10k, 100k, 1M rows -> benchmarks/results/credit_ops.json
+    python -m benchmarks.credit_ops            # 10k, 100k, 1M rows -> benchmarks/results/credit_ops.json
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -18,10 +17,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import best_of, write_result  # noqa: E402
-
-from agent_rl.advantages import discounted_returns, gigpo_advantages  # noqa: E402
+from agent_rl.advantages import discounted_returns, gigpo_advantages
+from benchmarks.common import best_of, write_result
 
 GAMMA = 0.95
 STEP_WEIGHT = 1.0

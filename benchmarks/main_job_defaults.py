@@ -42,6 +42,7 @@ ARMS: dict[str, tuple[str, ...]] = {
     "new-wide-clip-lr1e-4": ("algo=gigpo", "optim.lr=1e-4", "algo.loss_kwargs={clip_low: 0.2, clip_high: 0.28}"),
     "new-env-penalty": ("algo=gigpo", "env.kwargs.invalid_action_penalty=0.01"),
     "new-credit-penalty": ("algo=gigpo", "algo.invalid_penalty=0.01"),
+    "new-lr1e-4-penalty0.05": ("algo=gigpo", "optim.lr=1e-4", "algo.invalid_penalty=0.05"),
 }
 """Each arm is a set of config overrides on top of the embedded defaults (the main job)."""
 

@@ -21,7 +21,6 @@ the two. vllm runs with the default thread count. Run it with the Python that ha
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -32,17 +31,14 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-# benchmarks/envs.py would shadow the ``envs`` package: import the project before the folder is on the path.
-BENCH_DIR = Path(__file__).resolve().parent
-sys.path = [entry for entry in sys.path if Path(entry or ".").resolve() != BENCH_DIR]
-import envs  # noqa: E402,F401
-from training.engines import SamplingParams, make_engine, vllm_available  # noqa: E402
-from training.policy import load_policy  # noqa: E402
-from training.prompts import build_prompt_ids  # noqa: E402
-from training.rollout import RolloutConfig, collect_rollouts  # noqa: E402
-
-sys.path.append(str(BENCH_DIR))
-from common import best_of, write_result  # noqa: E402
+import envs  # noqa: F401  (registers the bundled environments)
+from agent_rl.config import RolloutConfig, vllm_available
+from benchmarks.common import best_of, write_result
+from training.engines import SamplingParams, make_engine
+from training.envpool import RegisteredEnv
+from training.policy import load_policy
+from training.prompts import PromptFormat
+from training.rollout import collect_rollouts
 
 ENV_ID = "agent_rl/Maze-v0"
 GROUP_SIZE = 8
@@ -52,15 +48,11 @@ ROLLOUT_REPEATS = 3
 def maze_prompts(tokenizer, seeds: list[int], config: RolloutConfig) -> list[list[int]]:
     """The turn-0 prompt of a Maze episode per seed."""
     env = gym.make(ENV_ID)
+    prompt_format = PromptFormat.from_rollout(config)
     prompts = []
     for seed in seeds:
         observation, info = env.reset(seed=seed)
-        prompts.append(
-            build_prompt_ids(
-                tokenizer, info["task"], [], observation, info.get("admissible_actions"),
-                parser=config.parser, history_turns=config.history_turns, max_prompt_tokens=config.max_prompt_tokens,
-            )
-        )
+        prompts.append(prompt_format.prompt_ids(tokenizer, info["task"], [], observation, info.get("admissible_actions")))
     return prompts
 
 
@@ -82,7 +74,7 @@ def measure_engine(engine, model, tokenizer, workloads: dict[str, list[list[int]
     sampling = SamplingParams(temperature=1.0, max_new_tokens=config.max_new_tokens)
     generate = {name: measure_generate(engine, prompts, sampling, repeats) for name, prompts in workloads.items()}
     stats = max(
-        (collect_rollouts(ENV_ID, {}, engine, tokenizer, config, np.random.default_rng(0))[1] for _ in range(ROLLOUT_REPEATS)),
+        (collect_rollouts(RegisteredEnv(ENV_ID), engine, tokenizer, config, np.random.default_rng(0))[1] for _ in range(ROLLOUT_REPEATS)),
         key=lambda s: s["turns_per_s"],
     )
     perturbed = {name: p.detach() + 1e-3 * torch.randn_like(p) for name, p in model.state_dict().items()}

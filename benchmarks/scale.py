@@ -23,10 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-BENCH_DIR = Path(__file__).resolve().parent
-sys.path = [entry for entry in sys.path if Path(entry or ".").resolve() != BENCH_DIR]
-sys.path.append(str(BENCH_DIR))
-from common import write_result  # noqa: E402
+from benchmarks.common import write_result
 
 ENVS = {
     "agent_rl/Maze-v0": {"n_rooms": 6, "n_locked_doors": 1, "max_steps": 20},
@@ -49,9 +46,10 @@ class FirstAdmissibleEngine:
 def rollout_throughput(repeats: int) -> dict:
     import ray
 
-    from training.envpool import RayEnvPool
+    from agent_rl.config import RolloutConfig
+    from training.envpool import RayEnvPool, RegisteredEnv
     from training.policy import load_policy
-    from training.rollout import RolloutConfig, collect_rollouts
+    from training.rollout import collect_rollouts
 
     _, tokenizer = load_policy("embedded")
     engine = FirstAdmissibleEngine(tokenizer)
@@ -61,15 +59,16 @@ def rollout_throughput(repeats: int) -> dict:
     try:
         for env_id, kwargs in ENVS.items():
             row = {}
+            make_env = RegisteredEnv(env_id, kwargs)
             for name, actors in (("local", 0), ("ray_1_actor", 1), ("ray_2_actors", 2)):
-                pool = RayEnvPool(env_id, kwargs, 32, n_actors=actors) if actors else None
-                collect_rollouts(env_id, kwargs, engine, tokenizer, config, np.random.default_rng(0), pool=pool)  # warm-up
+                # In-process: a fresh local pool per collection, as rollouts without Ray actors once built.
+                pool = RayEnvPool(make_env, 32, n_actors=actors) if actors else None
+                envs = pool or make_env
+                collect_rollouts(envs, engine, tokenizer, config, np.random.default_rng(0))  # warm-up
                 best = None
                 for repeat in range(repeats):
                     start = time.perf_counter()
-                    _, stats = collect_rollouts(
-                        env_id, kwargs, engine, tokenizer, config, np.random.default_rng(repeat + 1), pool=pool
-                    )
+                    _, stats = collect_rollouts(envs, engine, tokenizer, config, np.random.default_rng(repeat + 1))
                     seconds = time.perf_counter() - start
                     turns = stats["mean_length"] * stats["trajectories"]
                     best = max(best or 0.0, turns / seconds)
@@ -90,8 +89,8 @@ def ddp_worker(out_path: str, repeats: int) -> None:
 
     from agent_rl.losses import LOSS_PRESETS
     from training.distributed import all_reduce_gradients, init_distributed
+    from training.learner import accumulate_policy_gradient
     from training.policy import load_policy
-    from training.trainer import accumulate_policy_gradient
 
     torch.set_num_threads(1)
     model, _ = load_policy("embedded")
@@ -130,7 +129,8 @@ def ddp_overhead(repeats: int) -> dict:
                 port = s.getsockname()[1]
             command = [
                 sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
-                "127.0.0.1", "--master_port", str(port), __file__, "--ddp-worker", out.name, "--repeats", str(repeats),
+                "127.0.0.1", "--master_port", str(port), "-m", "benchmarks.scale", "--ddp-worker", out.name,
+                "--repeats", str(repeats),
             ]
             env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
             subprocess.run(command, check=True, env=env, capture_output=True)

@@ -18,13 +18,14 @@ from __future__ import annotations
 import copy
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 from rich.console import Console
 
+from agent_rl.config import vllm_available
 from benchmarks.common import write_result
-from training.engines import HFEngine, SamplingParams, make_engine, sequence_logprobs, vllm_available
+from training.engines import HFEngine, SamplingParams, make_engine
+from training.learner import sequence_logprobs
 from training.models import model_file
 from training.policy import file_sha256, gguf_policy_dir, load_policy
 

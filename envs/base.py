@@ -73,8 +73,6 @@ class TextEnv(gym.Env[str, str]):
     """Base class of every agent-rl text environment. See the module docstring."""
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
-    default_anchor_key: ClassVar[str] = "state"
-    """Which ``anchors`` key function suits this environment (state/observation/fingerprint/similarity)."""
     task: str = ""
     """Natural-language instruction of the current episode, shown to the policy in every prompt."""
     split: str = "train"

@@ -142,8 +142,6 @@ class MiniCodeEnv(TextEnv):
     Anchor: hash of the task and the last submitted program. Oracle: the template's solution.
     """
 
-    default_anchor_key = "fingerprint"
-
     def __init__(
         self,
         *,

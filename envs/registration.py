@@ -17,8 +17,9 @@ from typing import Any, Callable
 
 import gymnasium as gym
 
+from anchors import KEY_KINDS
+
 NAMESPACE = "agent_rl"
-ANCHOR_KEYS = ("state", "observation", "fingerprint", "similarity")
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,8 @@ def register_text_env(
     ``entry_point`` is ``"module:Class"`` or a callable; ``kwargs`` are the default constructor
     arguments, overridable in ``gymnasium.make(id, **overrides)``.
     """
-    if default_anchor not in ANCHOR_KEYS:
-        raise ValueError(f"default_anchor must be one of {ANCHOR_KEYS}, got {default_anchor!r}")
+    if default_anchor not in KEY_KINDS:
+        raise ValueError(f"default_anchor must be one of {KEY_KINDS}, got {default_anchor!r}")
     if not description.strip():
         raise ValueError(f"register_text_env({id!r}): description must not be empty")
     # The TimeLimit/env-checker wrappers are not needed: TextEnv truncates by itself and

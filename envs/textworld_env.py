@@ -221,7 +221,6 @@ class TextWorldEnv(TextEnv):
     ``policy_commands``, a winning command sequence computed from the current state.
     """
 
-    default_anchor_key = "state"
     split_by_instance_key = False  # the two pools are disjoint by construction
 
     def __init__(

@@ -12,3 +12,11 @@ def ray_local():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def policy():
+    """The embedded policy and its tokenizer, loaded once per test module (tests may train it)."""
+    from training.policy import load_policy
+
+    return load_policy("embedded")

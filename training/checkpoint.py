@@ -36,6 +36,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from training.distributed import broadcast_flag
+
 FORMAT_VERSION = 1
 CHECKPOINTS = "checkpoints"
 MANIFEST = "MANIFEST.json"
@@ -397,3 +399,44 @@ def restore(
         _restore_optimizer(optimizer, _read_tensors(checkpoint.path / "optimizer.safetensors"), checkpoint.state["optimizer"])
     restore_rng(_read_tensors(checkpoint.path / "rng.safetensors"), checkpoint.state.get("rng", {}), generators)
     return checkpoint.state.get("trainer", {})
+
+
+# ---- run directories ------------------------------------------------------------------------------------
+
+
+def claim_run_dir(run_dir: str | Path, dist) -> None:
+    """Refuse a run directory that already holds checkpoints (a fresh run would overwrite them),
+    else create it. Rank 0 decides for every learner process (``dist``): it may write its first
+    checkpoint before another rank looks."""
+    root = Path(run_dir) / CHECKPOINTS
+    occupied = dist.is_main and root.exists() and any(root.iterdir())
+    if broadcast_flag(occupied, dist):
+        raise FileExistsError(
+            f"run directory {str(run_dir)!r} already holds checkpoints; resume it with "
+            f"--resume {run_dir} or choose another trainer.run_dir"
+        )
+    if dist.is_main:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+
+
+def resume_run(
+    run_dir: str | Path,
+    config,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    generators: dict[str, Any],
+    may_change: tuple[str, ...],
+) -> tuple[int, dict[str, Any]]:
+    """Restore the ``last`` checkpoint of ``run_dir`` into the given objects; returns its iteration
+    and the trainer state. The checkpoint's config must equal ``config`` (resolved) outside the
+    ``may_change`` keys; it is resolved before the comparison, so checkpoints written before
+    configs were resolved (with ``auto`` and nulls) still resume."""
+    from agent_rl.config import config_from_dict, config_to_dict, resolve
+
+    found = find_checkpoint(run_dir, "last")
+    saved = config_to_dict(resolve(config_from_dict(found.state.get("config", {}))))
+    found = Checkpoint(found.path, {**found.state, "config": saved})
+    state = restore(found, model=model, optimizer=optimizer, generators=generators,
+                    config=config_to_dict(resolve(config)), ignore_config=may_change)
+    return found.iteration, state

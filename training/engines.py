@@ -1,4 +1,4 @@
-"""Generation engines behind one interface, and teacher-forced logprobs for the learner.
+"""Generation engines behind one interface.
 
 Both engines take prompt token ids and return, per prompt, ``n`` completions with the sampled token
 ids, the logprob of each sampled token *under the sampling distribution* (logits divided by the
@@ -10,16 +10,14 @@ reason: ``"stop"`` (a stop token was sampled; it is included in ``token_ids``) o
   KV-cache size; ``update_weights`` writes safetensors to a temp dir, calls
   ``collective_rpc("reload_weights")`` and resets the prefix cache.
 
-``sequence_logprobs`` recomputes the same per-token logprobs with the training model (with gradients
-when the caller has them on), so ``old_logprobs`` from an engine and the learner's ``logp`` agree.
-With ``top_p < 1`` the engine's numbers include the nucleus renormalization that the learner does
+The learner (``training.learner.sequence_logprobs``) recomputes the same per-token logprobs with the
+training model, so ``old_logprobs`` from an engine and the learner's ``logp`` agree. With ``top_p < 1`` the engine's numbers include the nucleus renormalization that the learner does
 not apply: keep ``top_p = 1`` for on-policy RL.
 """
 
 from __future__ import annotations
 
 import copy
-import importlib
 import logging
 import os
 import shutil
@@ -302,109 +300,32 @@ def write_untied_checkpoint(model: torch.nn.Module, directory: str) -> None:
     save_file(state, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
 
 
-def vllm_available() -> bool:
-    """Whether ``vllm`` imports in this environment."""
-    try:
-        importlib.import_module("vllm")
-    except Exception:  # a broken install (e.g. CUDA-only torchvision) counts as absent
-        return False
-    return True
-
-
 def make_engine(kind: str, model: torch.nn.Module, tokenizer, **kwargs) -> HFEngine | VLLMEngine:
-    """``kind`` in ``auto`` (vllm when importable, else hf), ``hf``, ``vllm``; ``kwargs`` go to the engine."""
-    if kind == "auto":
-        kind = "vllm" if vllm_available() else "hf"
+    """``kind`` ``hf`` or ``vllm``; ``kwargs`` go to the engine (``agent_rl.config.resolve`` turns a
+    config's ``auto`` into one of them)."""
     if kind == "hf":
         return HFEngine(model, tokenizer, **kwargs)
     if kind == "vllm":
         return VLLMEngine(model, tokenizer, **kwargs)
-    raise ValueError(f"unknown engine {kind!r}; choose auto, hf or vllm")
+    raise ValueError(f"unknown engine {kind!r}; choose hf or vllm")
 
 
-def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
-    """Tokens at the start of every prompt that ``response_logits`` forwards once for the batch: their
-    longest common prefix, short of the shortest prompt's last token (whose logits predict its
-    response); 0 for a single prompt."""
-    if len(prompts) < 2:
-        return 0
-    width = min(len(p) for p in prompts) - 1
-    matrix = np.array([p[:width] for p in prompts]).reshape(len(prompts), width)
-    differs = (matrix != matrix[0]).any(axis=0)
-    return int(differs.argmax()) if differs.any() else width
+def engine_from_config(config, model: torch.nn.Module, tokenizer) -> Engine:
+    """The engine a resolved config describes: ``engine.kind`` in this process, or
+    ``scale.engine_replicas`` replicas of it on Ray (``training.ray_engine.RayEngine``)."""
+    engine, scale, seed = config.engine, config.scale, config.trainer.seed
+    if engine.kind not in ("hf", "vllm"):
+        raise ValueError(f"engine.kind {engine.kind!r} is not resolved; pass agent_rl.config.resolve(config)")
+    if scale.engine_replicas > 0:
+        from training.ray_engine import RayEngine
 
-
-def _shares_prefixes(model: torch.nn.Module) -> bool:
-    """Whether a prefix's KV cache can stand in for the prefix: every layer attends to all earlier
-    tokens (a sliding-window cache would drop some of them)."""
-    config = model.config
-    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
-    sliding = getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True)
-    return all(kind == "full_attention" for kind in layer_types) and not sliding
-
-
-def response_logits(
-    model: torch.nn.Module,
-    prompt_ids_list: Sequence[Sequence[int]],
-    response_ids_list: Sequence[Sequence[int]],
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Teacher-forced next-token logits at every response position: ``(logits, targets, mask)`` with
-    shapes ``(B, T, V)``, ``(B, T)``, ``(B, T)``; ``T`` is the longest response and ``mask`` is 1.0 on
-    real response tokens.
-
-    The prefix that all prompts share (a system prompt, a task) is forwarded once and its KV cache
-    repeated over the batch; gradients flow back through that cache, so the result equals B separate
-    forward passes. The rest of each prompt is left-padded and its response right-padded, so every
-    response starts at the same column and only the last ``T + 1`` positions need logits. Gradients
-    flow when grad mode is on."""
-    if len(prompt_ids_list) != len(response_ids_list):
-        raise ValueError(f"{len(prompt_ids_list)} prompts but {len(response_ids_list)} responses")
-    if any(len(p) == 0 for p in prompt_ids_list):
-        raise ValueError("every prompt needs at least one token")
-    device = next(model.parameters()).device
-    batch = len(prompt_ids_list)
-    shared = shared_prefix_length(prompt_ids_list) if _shares_prefixes(model) else 0
-    suffixes = [p[shared:] for p in prompt_ids_list]
-    prompt_width = max(len(p) for p in suffixes)
-    response_width = max((len(r) for r in response_ids_list), default=0)
-    input_ids = torch.zeros((batch, prompt_width + response_width), dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    for i, (p, r) in enumerate(zip(suffixes, response_ids_list)):
-        input_ids[i, prompt_width - len(p) : prompt_width + len(r)] = torch.tensor([*p, *r], dtype=torch.long)
-        attention_mask[i, prompt_width - len(p) : prompt_width + len(r)] = 1
-    mask = attention_mask[:, prompt_width:].to(device=device, dtype=torch.float32)
-    targets = input_ids[:, prompt_width:].to(device)
-    if response_width == 0:
-        return torch.zeros((batch, 0, model.config.vocab_size), device=device), targets, mask
-    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-    position_ids = shared + (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-    past = None
-    if shared:
-        prefix = torch.tensor([list(prompt_ids_list[0][:shared])], dtype=torch.long, device=device)
-        past = model(input_ids=prefix, use_cache=True).past_key_values
-        past.batch_repeat_interleave(batch)
-        attention_mask = torch.cat([attention_mask.new_ones((batch, shared)), attention_mask], dim=1)
-    logits = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        past_key_values=past,
-        logits_to_keep=response_width + 1,
-        use_cache=past is not None,
-    ).logits[:, :-1]
-    return logits, targets, mask
-
-
-def sequence_logprobs(
-    model: torch.nn.Module,
-    prompt_ids_list: Sequence[Sequence[int]],
-    response_ids_list: Sequence[Sequence[int]],
-    temperature: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logprob of each response token given its prompt at ``temperature``: ``(logp, mask)``, both
-    ``(B, T)``; padded positions hold 0. Gradients flow when grad mode is on."""
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    logits, targets, mask = response_logits(model, prompt_ids_list, response_ids_list)
-    logp = F.log_softmax(logits.float() / temperature, dim=-1).gather(2, targets[..., None])[..., 0]
-    return logp * mask, mask
+        return RayEngine(
+            model, tokenizer, n_replicas=scale.engine_replicas, kind=engine.kind, seed=seed, address=scale.ray_address,
+            num_cpus_per_replica=scale.num_cpus_per_actor, num_gpus_per_replica=scale.num_gpus_per_replica,
+        )
+    if engine.kind == "hf":
+        return make_engine("hf", model, tokenizer, max_batch_size=engine.max_batch_size, seed=seed)
+    return make_engine(
+        "vllm", model, tokenizer, seed=seed, kv_cache_memory_bytes=engine.kv_cache_memory_bytes,
+        enforce_eager=engine.enforce_eager,
+    )

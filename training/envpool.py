@@ -1,7 +1,8 @@
 """Environment pools: the environments of a rollout, stepped as one batch, locally or on Ray actors.
 
-The rollout collector reaches environments only through a pool's ``reset`` and ``step`` on slot
-indices, so it runs unchanged on :class:`LocalEnvPool` (in-process) and :class:`RayEnvPool`
+Pools build their environments with an environment factory: any zero-argument callable returning a
+Gymnasium text env. The episode loop reaches environments only through a pool's ``reset``, ``step``
+and ``oracle`` on slot indices, so it runs unchanged on :class:`LocalEnvPool` (in-process) and :class:`RayEnvPool`
 (environments spread over Ray actors, each actor holding a batch of them: one actor per
 environment does not scale to hundreds of workers).
 
@@ -12,10 +13,11 @@ dead actor is replaced by a fresh one, whose environments are rebuilt on their n
 
 from __future__ import annotations
 
+import contextlib
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
 import gymnasium as gym
 
@@ -33,13 +35,24 @@ class EnvResult:
     """Why the slot failed (``"ExceptionType: message"``); the trajectory in it is lost."""
 
 
+EnvFactory = Callable[[], gym.Env]
+"""Any zero-argument callable returning a Gymnasium text environment (a class, a lambda, a
+:class:`RegisteredEnv`)."""
+
+
+@runtime_checkable
 class EnvPool(Protocol):
     env_id: str
+    """The environments' name, for progress displays."""
     n_envs: int
+    has_oracle: bool
+    """Whether the environments give oracle plans (``envs.has_oracle``)."""
 
     def reset(self, slots: Sequence[int], seeds: Sequence[int]) -> list[EnvResult]: ...
 
     def step(self, slots: Sequence[int], actions: Sequence[str]) -> list[EnvResult]: ...
+
+    def oracle(self, slots: Sequence[int]) -> list[list[str] | None]: ...
 
     def close(self) -> None: ...
 
@@ -53,27 +66,64 @@ def make_text_env(env_id: str, env_kwargs: dict[str, Any] | None = None, imports
     return gym.make(env_id, **(env_kwargs or {}))
 
 
+@dataclass(frozen=True)
+class RegisteredEnv:
+    """The factory of a registered environment: ``gymnasium.make(env_id, **kwargs)`` after importing
+    ``imports`` (which register user environments). It pickles by value, so Ray actors rebuild the
+    same environments."""
+
+    env_id: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    imports: tuple[str, ...] = ()
+
+    def __call__(self) -> gym.Env:
+        return make_text_env(self.env_id, self.kwargs, self.imports)
+
+
+def env_factory(config) -> RegisteredEnv:
+    """The factory of ``config.env``; a clear error naming ``env.id`` when no such environment is registered."""
+    import envs
+
+    envs.import_modules(config.env.imports)
+    envs.load_plugins()
+    if config.env.id not in gym.registry:
+        raise ValueError(
+            f"config key 'env.id': unknown environment {config.env.id!r}; registered text environments: "
+            f"{', '.join(envs.text_env_specs())} (import your module with env.imports=[module] or --import)"
+        )
+    return RegisteredEnv(config.env.id, dict(config.env.kwargs), tuple(config.env.imports))
+
+
+def env_name(env: gym.Env) -> str:
+    """The registered id of ``env``, or its class name."""
+    return env.spec.id if env.spec is not None else type(env.unwrapped).__name__
+
+
 def _failure(exc: BaseException) -> str:
     return traceback.format_exception_only(type(exc), exc)[-1].strip()
 
 
 class LocalEnvPool:
-    """``n_envs`` environments in this process, each built on the first reset of its slot and reused."""
+    """``n_envs`` environments from ``make_env`` in this process, each built on the first reset of
+    its slot and reused."""
 
-    def __init__(self, env_id: str, env_kwargs: dict[str, Any] | None, n_envs: int, imports: Sequence[str] = ()):
+    def __init__(self, make_env: EnvFactory, n_envs: int):
+        from envs import has_oracle
+
         if n_envs < 1:
             raise ValueError(f"n_envs must be >= 1, got {n_envs}")
-        self.env_id, self.env_kwargs, self.imports = env_id, dict(env_kwargs or {}), tuple(imports)
-        self.n_envs = n_envs
+        self.make_env, self.n_envs = make_env, n_envs
         self._envs: list[gym.Env | None] = [None] * n_envs
-        make_text_env(env_id, self.env_kwargs, self.imports).close()  # a bad id or kwargs fail here, loudly
+        probe = make_env()  # a bad id or kwargs fail here, loudly
+        self.env_id, self.has_oracle = env_name(probe), has_oracle(probe)
+        probe.close()
 
     def reset(self, slots: Sequence[int], seeds: Sequence[int]) -> list[EnvResult]:
         results = []
         for slot, seed in zip(slots, seeds, strict=True):
             try:
                 if self._envs[slot] is None:
-                    self._envs[slot] = make_text_env(self.env_id, self.env_kwargs, self.imports)
+                    self._envs[slot] = self.make_env()
                 env = self._envs[slot]
                 observation, info = env.reset(seed=int(seed))
                 info = dict(info)
@@ -95,6 +145,13 @@ class LocalEnvPool:
                 results.append(EnvResult(failure=_failure(exc)))
         return results
 
+    def oracle(self, slots: Sequence[int]) -> list[list[str] | None]:
+        """A winning plan from each slot's current state (``envs.oracle_actions``); None for a slot
+        whose environment is gone."""
+        from envs import oracle_actions
+
+        return [None if self._envs[slot] is None else oracle_actions(self._envs[slot]) for slot in slots]
+
     def close(self) -> None:
         for env in self._envs:
             if env is not None:
@@ -105,35 +162,54 @@ class LocalEnvPool:
         self._envs = [None] * self.n_envs
 
 
+@contextlib.contextmanager
+def env_pool(envs: EnvPool | EnvFactory, n_envs: int) -> Iterator[EnvPool]:
+    """``envs`` when it is a pool (checked to hold ``n_envs`` environments), else a local pool of
+    ``n_envs`` environments from the factory ``envs`` for the duration of the block."""
+    if isinstance(envs, EnvPool):
+        if envs.n_envs < n_envs:
+            raise ValueError(f"the pool holds {envs.n_envs} {envs.env_id!r} environments; {n_envs} are needed")
+        yield envs
+        return
+    local = LocalEnvPool(envs, n_envs)
+    try:
+        yield local
+    finally:
+        local.close()
+
+
 class RayEnvPool:
-    """``n_envs`` environments over ``n_actors`` Ray actors, each a :class:`LocalEnvPool` of a
-    contiguous block of slots. Calls go to all actors at once and are gathered in slot order.
+    """``n_envs`` environments from ``make_env`` over ``n_actors`` Ray actors, each a
+    :class:`LocalEnvPool` of a contiguous block of slots. Calls go to all actors at once and are
+    gathered in slot order. ``make_env`` travels to the actors pickled (Ray's cloudpickle): a
+    :class:`RegisteredEnv` rebuilds a registered environment there, importing its modules.
 
     ``address`` connects to a running cluster (``"auto"`` or ``"ray://host:port"``); ``None`` starts a
     local Ray (or reuses the one this process already started)."""
 
     def __init__(
         self,
-        env_id: str,
-        env_kwargs: dict[str, Any] | None,
+        make_env: EnvFactory,
         n_envs: int,
         *,
         n_actors: int = 2,
-        imports: Sequence[str] = (),
         address: str | None = None,
         num_cpus_per_actor: float = 1.0,
         init_kwargs: dict[str, Any] | None = None,
     ):
         import ray
 
+        from envs import has_oracle
+
         if n_envs < 1 or n_actors < 1:
             raise ValueError(f"n_envs and n_actors must be >= 1, got {n_envs} and {n_actors}")
-        make_text_env(env_id, env_kwargs, imports).close()  # a bad id or kwargs fail here, not in an actor
+        probe = make_env()  # a bad id or kwargs fail here, not in an actor
+        self.env_id, self.has_oracle = env_name(probe), has_oracle(probe)
+        probe.close()
         if not ray.is_initialized():
             ray.init(address=address, include_dashboard=False, log_to_driver=False, **(init_kwargs or {}))
         self._ray = ray
-        self.env_id, self.env_kwargs, self.imports = env_id, dict(env_kwargs or {}), tuple(imports)
-        self.n_envs = n_envs
+        self.make_env, self.n_envs = make_env, n_envs
         n_actors = min(n_actors, n_envs)
         self._per_actor = -(-n_envs // n_actors)
         self._blocks = [range(start, min(start + self._per_actor, n_envs)) for start in range(0, n_envs, self._per_actor)]
@@ -143,18 +219,22 @@ class RayEnvPool:
         """How many dead actors were replaced."""
 
     def _new_actor(self, block: range):
-        return self._actor_class.remote(self.env_id, self.env_kwargs, len(block), self.imports)
+        return self._actor_class.remote(self.make_env, len(block))
 
-    def _call(self, method: str, slots: Sequence[int], values: Sequence[Any]) -> list[EnvResult]:
-        per_actor: dict[int, list[tuple[int, int, Any]]] = {}
-        for position, (slot, value) in enumerate(zip(slots, values, strict=True)):
+    def _call(self, method: str, slots: Sequence[int], *columns: Sequence[Any], lost: Any) -> list[Any]:
+        """``method(local slots, *columns)`` on every actor holding some of ``slots``; a dead
+        actor's slots answer ``lost(message)``."""
+        per_actor: dict[int, list[tuple[int, int, tuple]]] = {}
+        for position, (slot, *values) in enumerate(zip(slots, *columns, strict=True)):
             actor = slot // self._per_actor
-            per_actor.setdefault(actor, []).append((position, slot - self._blocks[actor].start, value))
+            per_actor.setdefault(actor, []).append((position, slot - self._blocks[actor].start, tuple(values)))
         futures = {
-            actor: getattr(self._actors[actor], method).remote([s for _, s, _ in calls], [v for _, _, v in calls])
+            actor: getattr(self._actors[actor], method).remote(
+                [local for _, local, _ in calls], *([values[k] for _, _, values in calls] for k in range(len(columns)))
+            )
             for actor, calls in per_actor.items()
         }
-        results: list[EnvResult | None] = [None] * len(slots)
+        results: list[Any] = [None] * len(slots)
         for actor, future in futures.items():
             try:
                 answers = self._ray.get(future)
@@ -162,16 +242,19 @@ class RayEnvPool:
                 # The actor (and its environments) are gone: fail its trajectories, start a new one.
                 self.restarts += 1
                 self._actors[actor] = self._new_actor(self._blocks[actor])
-                answers = [EnvResult(failure=f"environment actor died: {_failure(exc)}")] * len(per_actor[actor])
+                answers = [lost(f"environment actor died: {_failure(exc)}")] * len(per_actor[actor])
             for (position, _, _), answer in zip(per_actor[actor], answers):
                 results[position] = answer
         return results
 
     def reset(self, slots: Sequence[int], seeds: Sequence[int]) -> list[EnvResult]:
-        return self._call("reset", slots, [int(s) for s in seeds])
+        return self._call("reset", slots, [int(s) for s in seeds], lost=lambda message: EnvResult(failure=message))
 
     def step(self, slots: Sequence[int], actions: Sequence[str]) -> list[EnvResult]:
-        return self._call("step", slots, list(actions))
+        return self._call("step", slots, list(actions), lost=lambda message: EnvResult(failure=message))
+
+    def oracle(self, slots: Sequence[int]) -> list[list[str] | None]:
+        return self._call("oracle", slots, lost=lambda message: None)
 
     def kill_actor(self, index: int, timeout_s: float = 30.0) -> None:
         """Kill one actor (a failure drill for tests and operators) and wait until it is gone: a kill
@@ -198,3 +281,14 @@ class RayEnvPool:
             except self._ray.exceptions.RayActorError:
                 pass
         self._actors = []
+
+
+def pool_from_config(make_env: EnvFactory, config) -> EnvPool:
+    """The pool a training run keeps for its rollouts and evaluations: enough environments for
+    either, in-process or on ``scale.env_actors`` Ray actors."""
+    rollout, trainer, scale = config.rollout, config.trainer, config.scale
+    n_envs = max(rollout.n_groups * rollout.group_size, trainer.eval_episodes, trainer.confirm_episodes)
+    if scale.env_actors == 0:
+        return LocalEnvPool(make_env, n_envs)
+    return RayEnvPool(make_env, n_envs, n_actors=scale.env_actors, address=scale.ray_address,
+                      num_cpus_per_actor=scale.num_cpus_per_actor)

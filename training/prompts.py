@@ -1,6 +1,7 @@
 """Chat prompts for multi-turn text environments, and action parsers for model completions.
 
-A prompt is a system message (how to answer) and one user message: the task, the last K turns
+``PromptFormat`` holds every choice about prompts (parser, history, system prompt, admissible
+actions, token budget). A prompt is a system message (how to answer) and one user message: the task, the last K turns
 (observation, action), the current observation and, where the environment has a finite action set,
 the admissible actions. It is rendered with the tokenizer's own chat template, so the embedded model
 and any local instruct model share this code. Rendering is deterministic. When the prompt exceeds
@@ -10,7 +11,7 @@ its token budget, the oldest history turns go first, then the head of the curren
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 SYSTEM_FIRST_LINE = (
@@ -63,13 +64,6 @@ PARSERS: dict[str, Callable[[str], tuple[str, bool]]] = {
 SYSTEM_PROMPTS = {"first_line": SYSTEM_FIRST_LINE, "action_tag": SYSTEM_ACTION_TAG}
 
 
-def parse_action(text: str, parser: str) -> tuple[str, bool]:
-    """Extract the action from a completion with the named parser: ``(action, found)``."""
-    if parser not in PARSERS:
-        raise ValueError(f"unknown action parser {parser!r}; choose one of {sorted(PARSERS)}")
-    return PARSERS[parser](text)
-
-
 def render_user_message(
     task: str,
     history: Sequence[Turn],
@@ -97,32 +91,6 @@ def render_user_message(
     return "\n".join(parts)
 
 
-def build_messages(
-    task: str,
-    history: Sequence[Turn],
-    observation: str,
-    admissible_actions: Sequence[str] | None,
-    *,
-    parser: str,
-    history_turns: int,
-    history_observations: bool = True,
-    system_prompt: str | None = None,
-) -> list[dict[str, str]]:
-    """System + user chat messages showing the last ``history_turns`` turns of ``history`` (their
-    actions only when ``history_observations`` is False). ``system_prompt`` None uses the parser's
-    instructions; ``""`` sends no system message."""
-    if parser not in SYSTEM_PROMPTS:
-        raise ValueError(f"unknown action parser {parser!r}; choose one of {sorted(SYSTEM_PROMPTS)}")
-    if history_turns < 0:
-        raise ValueError(f"history_turns must be >= 0, got {history_turns}")
-    shown = list(history[len(history) - history_turns :]) if history_turns else []
-    user = render_user_message(
-        task, shown, observation, admissible_actions, total_turns=len(history), history_observations=history_observations
-    )
-    system = SYSTEM_PROMPTS[parser] if system_prompt is None else system_prompt
-    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
-
-
 def encode_messages(tokenizer, messages: list[dict[str, str]]) -> list[int]:
     """Token ids of ``messages`` rendered with the chat template, ending with the assistant header."""
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -130,56 +98,94 @@ def encode_messages(tokenizer, messages: list[dict[str, str]]) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def build_prompt_ids(
-    tokenizer,
-    task: str,
-    history: Sequence[Turn],
-    observation: str,
-    admissible_actions: Sequence[str] | None,
-    *,
-    parser: str,
-    history_turns: int,
-    max_prompt_tokens: int,
-    history_observations: bool = True,
-    system_prompt: str | None = None,
-) -> list[int]:
-    """Prompt token ids within ``max_prompt_tokens``.
+@dataclass(frozen=True)
+class PromptFormat:
+    """How a turn is shown to the policy and how its answer is read: one object for rollouts,
+    evaluation and warm-start demonstrations, so all three build identical prompts. The fields mean
+    what the ``rollout`` config fields of the same names mean (:meth:`from_rollout`)."""
 
-    Over budget, history turns are dropped oldest first; if the prompt with no history is still too
-    long, the current observation keeps only its tail (the most recent text), marked with ``...``.
-    Raises ValueError when even an empty observation does not fit."""
-    for shown in range(min(history_turns, len(history)), -1, -1):
-        ids = encode_messages(
-            tokenizer,
-            build_messages(
-                task, history, observation, admissible_actions, parser=parser, history_turns=shown,
-                history_observations=history_observations, system_prompt=system_prompt,
-            ),
-        )
-        if len(ids) <= max_prompt_tokens:
-            return ids
+    parser: str = "first_line"
+    """Action parser (``PARSERS``); its instructions are the default system prompt."""
+    history_turns: int = 2
+    """Past turns shown."""
+    history_observations: bool = True
+    """Show the observations of the history turns; False shows only their actions."""
+    system_prompt: str | None = None
+    """None uses the parser's instructions; ``""`` sends no system message."""
+    show_admissible_actions: bool = True
+    """List the environment's admissible actions when it provides them."""
+    max_prompt_tokens: int = 1024
+    """Token budget; over it, history goes oldest first, then the head of the observation."""
 
-    def encode_with_tail(n_chars: int) -> list[int]:
-        tail = TRUNCATION_MARK + observation[len(observation) - n_chars :] if n_chars else TRUNCATION_MARK
-        messages = build_messages(
-            task, history, tail, admissible_actions, parser=parser, history_turns=0, system_prompt=system_prompt
-        )
-        return encode_messages(tokenizer, messages)
+    def __post_init__(self) -> None:
+        if self.parser not in PARSERS:
+            raise ValueError(f"unknown action parser {self.parser!r}; choose one of {sorted(PARSERS)}")
+        if self.history_turns < 0:
+            raise ValueError(f"history_turns must be >= 0, got {self.history_turns}")
+        if self.max_prompt_tokens < 1:
+            raise ValueError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
 
-    if len(encode_with_tail(0)) > max_prompt_tokens:
-        raise ValueError(
-            f"the prompt does not fit max_prompt_tokens={max_prompt_tokens} even with an empty observation "
-            "(task or admissible actions too long); raise max_prompt_tokens"
+    @classmethod
+    def from_rollout(cls, rollout) -> PromptFormat:
+        """The format a ``RolloutConfig`` describes."""
+        return cls(
+            parser=rollout.parser, history_turns=rollout.history_turns, history_observations=rollout.history_observations,
+            system_prompt=rollout.system_prompt, show_admissible_actions=rollout.show_admissible_actions,
+            max_prompt_tokens=rollout.max_prompt_tokens,
         )
-    # Binary search for the longest observation tail that fits.
-    low, high = 0, len(observation)
-    while low < high:
-        mid = (low + high + 1) // 2
-        if len(encode_with_tail(mid)) <= max_prompt_tokens:
-            low = mid
-        else:
-            high = mid - 1
-    return encode_with_tail(low)
+
+    def parse(self, text: str) -> tuple[str, bool]:
+        """The action in a completion: ``(action, found)``."""
+        return PARSERS[self.parser](text)
+
+    def response_text(self, action: str) -> str:
+        """What the model should write to play ``action`` (the target of a demonstration)."""
+        return f"<action>{action}</action>" if self.parser == "action_tag" else action
+
+    def messages(
+        self, task: str, history: Sequence[Turn], observation: str, admissible_actions: Sequence[str] | None
+    ) -> list[dict[str, str]]:
+        """System + user chat messages showing the last ``history_turns`` turns of ``history``."""
+        shown = list(history[len(history) - self.history_turns :]) if self.history_turns else []
+        user = render_user_message(
+            task, shown, observation, admissible_actions if self.show_admissible_actions else None,
+            total_turns=len(history), history_observations=self.history_observations,
+        )
+        system = SYSTEM_PROMPTS[self.parser] if self.system_prompt is None else self.system_prompt
+        return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+
+    def prompt_ids(
+        self, tokenizer, task: str, history: Sequence[Turn], observation: str, admissible_actions: Sequence[str] | None
+    ) -> list[int]:
+        """Prompt token ids within ``max_prompt_tokens``.
+
+        Over budget, history turns are dropped oldest first; if the prompt with no history is still
+        too long, the current observation keeps only its tail (the most recent text), marked with
+        ``...``. Raises ValueError when even an empty observation does not fit."""
+        for shown in range(min(self.history_turns, len(history)), -1, -1):
+            ids = encode_messages(tokenizer, replace(self, history_turns=shown).messages(task, history, observation, admissible_actions))
+            if len(ids) <= self.max_prompt_tokens:
+                return ids
+        no_history = replace(self, history_turns=0)
+
+        def encode_with_tail(n_chars: int) -> list[int]:
+            tail = TRUNCATION_MARK + observation[len(observation) - n_chars :] if n_chars else TRUNCATION_MARK
+            return encode_messages(tokenizer, no_history.messages(task, history, tail, admissible_actions))
+
+        if len(encode_with_tail(0)) > self.max_prompt_tokens:
+            raise ValueError(
+                f"the prompt does not fit max_prompt_tokens={self.max_prompt_tokens} even with an empty observation "
+                "(task or admissible actions too long); raise max_prompt_tokens"
+            )
+        # Binary search for the longest observation tail that fits.
+        low, high = 0, len(observation)
+        while low < high:
+            mid = (low + high + 1) // 2
+            if len(encode_with_tail(mid)) <= self.max_prompt_tokens:
+                low = mid
+            else:
+                high = mid - 1
+        return encode_with_tail(low)
 
 
 def template_corpus() -> list[str]:

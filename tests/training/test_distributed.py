@@ -7,7 +7,8 @@ import copy
 import pytest
 import torch
 
-from training.engines import HFEngine, SamplingParams, sequence_logprobs
+from training.engines import HFEngine, SamplingParams
+from training.learner import sequence_logprobs
 from training.policy import load_policy
 
 pytestmark = pytest.mark.ray
@@ -18,8 +19,9 @@ def _prompts(tokenizer):
     return [tokenizer.encode(t, add_special_tokens=False) for t in texts]
 
 
+@pytest.mark.slow
 def test_ray_replicas_match_the_local_engine_before_and_after_a_weight_update(ray_local):
-    from training.distributed import RayEngine
+    from training.ray_engine import RayEngine
 
     model, tokenizer = load_policy("embedded")
     prompts = _prompts(tokenizer)
@@ -50,7 +52,7 @@ def test_ray_replicas_match_the_local_engine_before_and_after_a_weight_update(ra
 
 
 def test_ray_engine_rejects_bad_arguments(ray_local):
-    from training.distributed import RayEngine
+    from training.ray_engine import RayEngine
 
     model, tokenizer = load_policy("embedded")
     with pytest.raises(ValueError, match="n_replicas"):
@@ -59,12 +61,10 @@ def test_ray_engine_rejects_bad_arguments(ray_local):
         RayEngine(model, tokenizer, kind="auto")
 
 
+@pytest.mark.slow
 def test_trainer_on_ray_env_actors_matches_the_local_trainer(ray_local, tmp_path):
     """Ray environment actors change where environments run, not what they do: same rollouts, same
     updates, same weights after 2 iterations."""
-    import sys
-    from pathlib import Path
-
     from safetensors.torch import load_file
 
     from agent_rl.config import load_config
@@ -72,8 +72,7 @@ def test_trainer_on_ray_env_actors_matches_the_local_trainer(ray_local, tmp_path
     from training.logger import read_metrics
     from training.trainer import train
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_trainer import tiny_overrides
+    from test_trainer import tiny_overrides  # tests/training/ is on the path (pytest's rootdir-relative import)
 
     runs = {}
     for name, extra in (("local", ()), ("ray", ("scale.env_actors=2",)), ("replicas", ("scale.engine_replicas=2",))):

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from envs import register_text_env
-from training.envpool import LocalEnvPool, RayEnvPool
-from training.rollout import RolloutConfig, collect_rollouts
+from agent_rl.config import RolloutConfig
+from training.envpool import LocalEnvPool, RayEnvPool, RegisteredEnv
+from training.rollout import collect_rollouts
 
 
 class FlakyEnv(gym.Env):
@@ -35,7 +36,7 @@ register_text_env("test_pool/Flaky-v0", FlakyEnv, description="Raises on some se
 
 
 def test_local_pool_isolates_failures_and_rebuilds_environments():
-    pool = LocalEnvPool("test_pool/Flaky-v0", {}, 3)
+    pool = LocalEnvPool(RegisteredEnv("test_pool/Flaky-v0"), 3)
     first = pool.reset([0, 1, 2], [2, 3, 4])
     assert [r.failure is None for r in first] == [True, False, True]
     assert "RuntimeError: reset exploded for seed 3" in first[1].failure
@@ -52,9 +53,26 @@ def test_local_pool_isolates_failures_and_rebuilds_environments():
 
 def test_local_pool_rejects_bad_ids_up_front():
     with pytest.raises(gym.error.Error, match="Missing"):
-        LocalEnvPool("test_pool/Missing-v0", {}, 1)
+        LocalEnvPool(RegisteredEnv("test_pool/Missing-v0"), 1)
     with pytest.raises(ValueError, match="n_envs"):
-        LocalEnvPool("test_pool/Flaky-v0", {}, 0)
+        LocalEnvPool(RegisteredEnv("test_pool/Flaky-v0"), 0)
+
+
+def test_local_pool_gives_oracle_plans_from_the_current_state():
+    import envs
+
+    pool = LocalEnvPool(RegisteredEnv("agent_rl/Maze-v0", {"n_rooms": 4, "n_locked_doors": 1}), 2)
+    assert pool.has_oracle and pool.env_id == "agent_rl/Maze-v0"
+    pool.reset([0, 1], [5, 6])
+    plans = pool.oracle([1, 0])
+    reference = envs.oracle_actions  # the same plan as the environment's own oracle from the same state
+    direct = [RegisteredEnv("agent_rl/Maze-v0", {"n_rooms": 4, "n_locked_doors": 1})() for _ in range(2)]
+    for env, seed, plan in zip(direct, (6, 5), plans):
+        env.reset(seed=seed)
+        assert plan == reference(env) and plan
+    pool.step([0], [plans[1][0]])
+    assert len(pool.oracle([0])[0]) == len(plans[1]) - 1
+    pool.close()
 
 
 class ReplayEngine:
@@ -77,16 +95,20 @@ def tokenizer():
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_ray_pool_gives_the_same_rollouts_as_the_local_pool(ray_local, tokenizer):
     engine = ReplayEngine(tokenizer.encode("go north", add_special_tokens=False) + [tokenizer.eos_token_id])
     config = RolloutConfig(n_groups=3, group_size=2, max_turns=4, max_new_tokens=8)
     env_kwargs = {"n_rooms": 5, "n_locked_doors": 1}
-    local, local_stats = collect_rollouts("agent_rl/Maze-v0", env_kwargs, engine, tokenizer, config, np.random.default_rng(7))
-    pool = RayEnvPool("agent_rl/Maze-v0", env_kwargs, 6, n_actors=2)
+    make_env = RegisteredEnv("agent_rl/Maze-v0", env_kwargs)
+    local, local_stats = collect_rollouts(make_env, engine, tokenizer, config, np.random.default_rng(7))
+    pool = RayEnvPool(make_env, 6, n_actors=2)
     try:
-        remote, remote_stats = collect_rollouts(
-            "agent_rl/Maze-v0", env_kwargs, engine, tokenizer, config, np.random.default_rng(7), pool=pool
-        )
+        remote, remote_stats = collect_rollouts(pool, engine, tokenizer, config, np.random.default_rng(7))
+        same_pool = LocalEnvPool(make_env, 6)
+        for envs_ in (pool, same_pool):
+            envs_.reset([0, 5], [11, 12])
+        assert pool.oracle([0, 5]) == same_pool.oracle([0, 5]) and pool.has_oracle
     finally:
         pool.close()
     assert len(local) == len(remote) > 0
@@ -98,10 +120,11 @@ def test_ray_pool_gives_the_same_rollouts_as_the_local_pool(ray_local, tokenizer
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_ray_pool_recovers_a_killed_actor(ray_local):
     with pytest.raises(ValueError, match="n_locked_doors"):
-        RayEnvPool("agent_rl/Maze-v0", {"n_rooms": 4, "n_locked_doors": 2}, 4)
-    pool = RayEnvPool("agent_rl/Maze-v0", {"n_rooms": 4, "n_locked_doors": 1}, 4, n_actors=2)
+        RayEnvPool(RegisteredEnv("agent_rl/Maze-v0", {"n_rooms": 4, "n_locked_doors": 2}), 4)
+    pool = RayEnvPool(RegisteredEnv("agent_rl/Maze-v0", {"n_rooms": 4, "n_locked_doors": 1}), 4, n_actors=2)
     try:
         assert all(r.failure is None for r in pool.reset(range(4), [1, 1, 2, 2]))
         pool.kill_actor(1)

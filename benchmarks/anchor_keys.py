@@ -1,7 +1,7 @@
 """Benchmark of the anchors package: keys + grouping, fingerprints, similarity clustering.
 
-Writes benchmarks/results/anchors.json. Run: ``python -m benchmarks.anchors`` or
-``python benchmarks/anchors.py`` (add ``--quick`` for a small smoke run). Every corpus is synthetic but shaped like real rollouts and is generated from a
+Writes benchmarks/results/anchor_keys.json. Run: ``python -m benchmarks.anchor_keys`` (add ``--quick``
+for a small smoke run). Every corpus is synthetic but shaped like real rollouts and is generated from a
 fixed seed, so runs are comparable.
 """
 
@@ -9,13 +9,8 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import sys
 import time
 from pathlib import Path
-
-# Run as a file, this script's folder is first on sys.path and this file would shadow the package.
-BENCH_DIR = Path(__file__).resolve().parent
-sys.path = [entry for entry in sys.path if Path(entry or ".").resolve() != BENCH_DIR]
 
 import numpy as np  # noqa: E402
 from rich.console import Console
@@ -24,8 +19,7 @@ from rich.progress import Progress  # noqa: E402
 from anchors import cluster_similar, compute_anchor_keys, error_fingerprint, group_steps  # noqa: E402
 from envs.minicode_lang import compile_program, run  # noqa: E402
 
-sys.path.append(str(BENCH_DIR))
-from common import write_result  # noqa: E402
+from benchmarks.common import write_result
 
 console = Console()
 
@@ -278,7 +272,7 @@ def main() -> None:
         "similarity": bench_similarity(100_000 // scale, 2000 // scale),
         "difflib_comparison": bench_difflib(5000 // scale, 250 // scale, args.difflib_cap),
     }
-    console.log(f"wrote {write_result('anchors', results, args.out)}")
+    console.log(f"wrote {write_result('anchor_keys', results, args.out)}")
 
 
 if __name__ == "__main__":

@@ -11,14 +11,18 @@ import yaml
 
 from agent_rl.config import (
     ALGORITHM_PRESETS,
+    LOSS_PRESETS,
     Config,
     ConfigError,
     config_to_dict,
     load_config,
     parse_override,
+    resolve,
+    resolve_algorithm,
 )
 
-RECIPES = Path(__file__).resolve().parent.parent / "training" / "configs"
+ROOT = Path(__file__).resolve().parents[2]
+RECIPES = ROOT / "training" / "configs"
 
 
 def test_overrides_parse_with_yaml_types():
@@ -71,6 +75,10 @@ def test_yaml_file_then_overrides(tmp_path):
         ("optim.betas=[0.9]", "config key 'optim.betas' expects a list of 2 values"),
         ("trainer.iterations", "is not of the form key=value"),
         ("optim=adam", "config key 'optim' is a section"),
+        ("env.anchor_key=exact", "config key 'env.anchor_key': 'exact' is not one of ['state', "),
+        ("rollout.parser=regex", "config key 'rollout.parser': 'regex' is not one of"),
+        ("rollout.temperature=0", "RolloutConfig.temperature must be > 0"),
+        ("rollout.top_p=1.5", "RolloutConfig.top_p must be in (0, 1]"),
     ],
 )
 def test_bad_values_name_the_key(override, message):
@@ -88,22 +96,57 @@ def test_unknown_key_in_yaml_file(tmp_path):
 
 @pytest.mark.parametrize("preset", sorted(ALGORITHM_PRESETS))
 def test_presets_resolve_to_loss_presets(preset):
-    from agent_rl.losses import LOSS_PRESETS
-
-    resolved = load_config(overrides=[f"algo={preset}", "algo.kl_coef=null"]).algo.resolved()
-    assert resolved["loss"] in LOSS_PRESETS
-    assert resolved["step_credit"] is (preset == "gigpo")
-    for key, value in LOSS_PRESETS[resolved["loss"]].items():
-        assert resolved["loss_kwargs"][key] == value
+    algo = resolve_algorithm(load_config(overrides=[f"algo={preset}", "algo.kl_coef=null"]).algo)
+    assert algo.loss == ALGORITHM_PRESETS[preset]["loss"]
+    assert algo.step_credit is (preset == "gigpo")
+    assert algo.advantage == ALGORITHM_PRESETS[preset]["advantage"]
+    assert algo.kl_coef == LOSS_PRESETS[algo.loss]["kl_coef"] and algo.kl_estimator == "k3"
+    for key, value in LOSS_PRESETS[algo.loss].items():
+        if key not in ("kl_coef", "kl_estimator"):
+            assert algo.loss_kwargs[key] == value
+    assert set(algo.loss_kwargs) == {"ratio_level", "clip_low", "clip_high", "cispo_cap", "loss_agg", "norm_length"}
 
 
 def test_step_credit_combines_with_any_loss():
-    resolved = load_config(overrides=["algo=dapo", "algo.step_credit=true", "algo.kl_coef=0.01"]).algo.resolved()
-    assert (resolved["loss"], resolved["advantage"], resolved["step_credit"]) == ("dapo", "grpo", True)
-    assert resolved["loss_kwargs"]["clip_high"] == 0.28 and resolved["loss_kwargs"]["kl_coef"] == 0.01
-    resolved = load_config(overrides=["algo=gigpo", "algo.loss=gspo", "algo.loss_kwargs.clip_high=0.001"]).algo.resolved()
-    assert resolved["loss_kwargs"]["ratio_level"] == "sequence" and resolved["loss_kwargs"]["clip_high"] == 0.001
-    assert resolved["step_credit"] is True
+    algo = resolve_algorithm(load_config(overrides=["algo=dapo", "algo.step_credit=true", "algo.kl_coef=0.01"]).algo)
+    assert (algo.loss, algo.advantage, algo.step_credit) == ("dapo", "grpo", True)
+    assert algo.loss_kwargs["clip_high"] == 0.28 and algo.kl_coef == 0.01
+    algo = resolve_algorithm(load_config(overrides=["algo=gigpo", "algo.loss=gspo", "algo.loss_kwargs.clip_high=0.001"]).algo)
+    assert algo.loss_kwargs["ratio_level"] == "sequence" and algo.loss_kwargs["clip_high"] == 0.001
+    assert algo.loss_kwargs["clip_low"] == 3e-4 and algo.step_credit is True
+
+
+def test_resolve_makes_every_open_choice_once(monkeypatch):
+    import agent_rl.config as config_module
+
+    for importable, kind in ((True, "vllm"), (False, "hf")):
+        monkeypatch.setattr(config_module, "vllm_available", lambda importable=importable: importable)
+        assert resolve(Config()).engine.kind == kind
+    assert resolve(load_config(overrides=["engine=hf"])).engine.kind == "hf"
+    # The anchor kind: the environment's registered default, unless one is set.
+    assert resolve(Config()).env.anchor_key == "state"
+    assert resolve(load_config("minicode")).env.anchor_key == "fingerprint"
+    assert resolve(load_config("minicode", ["env.anchor_key=observation"])).env.anchor_key == "observation"
+    assert resolve(load_config(overrides=["env.id=label/NotRegistered-v0"])).env.anchor_key == "observation"
+    # Dr.GRPO's constant normalizer is the generation limit, unless set.
+    drgrpo = load_config(overrides=["algo=drgrpo", "rollout.max_new_tokens=7"])
+    assert resolve(drgrpo).algo.loss_kwargs["norm_length"] == 7
+    assert resolve(load_config(overrides=["algo=drgrpo", "algo.loss_kwargs.norm_length=30"])).algo.loss_kwargs["norm_length"] == 30
+    assert resolve(Config()).algo.loss_kwargs["norm_length"] is None  # gigpo's gspo_token needs none
+    # The input is left alone, and resolving twice changes nothing.
+    config = Config()
+    once = resolve(config)
+    assert config.algo.advantage is None and config.env.anchor_key is None
+    assert config_to_dict(resolve(once)) == config_to_dict(once)
+    assert (once.algo.advantage, once.algo.loss, once.algo.step_normalize) == ("drgrpo", "gspo_token", "mean")
+
+
+def test_resolved_config_round_trips_through_yaml(tmp_path):
+    from agent_rl.config import save_config
+
+    resolved = resolve(load_config(overrides=["algo=dapo", "engine=hf"]))
+    save_config(resolved, tmp_path / "config.yaml")
+    assert config_to_dict(load_config(tmp_path / "config.yaml")) == config_to_dict(resolved)
 
 
 def test_every_recipe_loads_and_maze_recipe_is_the_embedded_default():
@@ -136,9 +179,14 @@ def test_save_config_replaces_the_file_atomically(tmp_path):
     assert list(tmp_path.iterdir()) == [path]
 
 
-def test_config_module_does_not_import_torch():
-    code = "import agent_rl.config, sys; assert 'torch' not in sys.modules, 'torch imported'"
-    subprocess.run([sys.executable, "-c", code], check=True)
+def test_building_a_config_imports_neither_torch_nor_training():
+    code = (
+        "import sys; from agent_rl.config import load_config; "
+        "load_config('sokoban', ['algo=drgrpo', 'rollout.parser=action_tag', 'env.anchor_key=similarity']); "
+        "loaded = [m for m in sys.modules if m == 'torch' or m.split('.')[0] == 'training']; "
+        "assert not loaded, loaded"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
 @pytest.mark.parametrize("recipe", ["maze", "sokoban", "minicode"])

@@ -17,7 +17,7 @@ from agent_rl.cli import main
 from envs.cli import parse_env_kwargs
 from envs.maze import MazeEnv
 
-TESTS_DIR = Path(__file__).parent
+TESTS_DIR = Path(__file__).resolve().parents[1]  # tests/, which holds user_env_example.py
 BUNDLED = ["agent_rl/Maze-v0", "agent_rl/Sokoban-v0", "agent_rl/TextWorld-v0", "agent_rl/MiniCode-v0"]
 
 

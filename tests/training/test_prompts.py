@@ -7,15 +7,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from training.policy import train_tokenizer
-from training.prompts import (
-    SYSTEM_ACTION_TAG,
-    SYSTEM_FIRST_LINE,
-    Turn,
-    build_messages,
-    build_prompt_ids,
-    parse_action,
-    template_corpus,
-)
+from agent_rl.config import ACTION_PARSERS, RolloutConfig
+from training.prompts import PARSERS, SYSTEM_ACTION_TAG, SYSTEM_FIRST_LINE, PromptFormat, Turn, template_corpus
+
+
+def build_messages(task, history, observation, admissible, **fields):
+    return PromptFormat(**fields).messages(task, history, observation, admissible)
+
+
+def build_prompt_ids(tokenizer, task, history, observation, admissible, **fields):
+    return PromptFormat(**fields).prompt_ids(tokenizer, task, history, observation, admissible)
+
+
+def parse_action(text, parser):
+    return PromptFormat(parser=parser).parse(text)
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +80,25 @@ def test_bad_parser_and_history_are_rejected():
         build_messages("t", [], "o", None, parser="first_line", history_turns=-1)
     with pytest.raises(ValueError, match="parser"):
         parse_action("go north", "json")
+    with pytest.raises(ValueError, match="max_prompt_tokens"):
+        PromptFormat(max_prompt_tokens=0)
+
+
+def test_the_config_names_exactly_the_parsers_there_are():
+    assert tuple(PARSERS) == ACTION_PARSERS
+
+
+def test_format_of_a_rollout_config_and_hidden_admissible_actions():
+    rollout = RolloutConfig(history_turns=1, history_observations=False, system_prompt="Act.", parser="action_tag",
+                            show_admissible_actions=False, max_prompt_tokens=77)
+    fmt = PromptFormat.from_rollout(rollout)
+    assert fmt == PromptFormat(parser="action_tag", history_turns=1, history_observations=False, system_prompt="Act.",
+                               show_admissible_actions=False, max_prompt_tokens=77)
+    messages = fmt.messages("t", [Turn("a", "go 1")], "b", ["go north", "look"])
+    assert messages[0] == {"role": "system", "content": "Act."}
+    assert "Admissible actions" not in messages[1]["content"] and "[Action 1] go 1" in messages[1]["content"]
+    assert fmt.response_text("look") == "<action>look</action>" and fmt.parse(fmt.response_text("look")) == ("look", True)
+    assert PromptFormat().response_text("look") == "look"
 
 
 def test_prompt_is_the_chat_template_rendering(tokenizer):

@@ -50,6 +50,7 @@ def coin_env():
     env.close()
 
 
+@pytest.mark.slow
 def test_checker_passes(coin_env):
     assert check_text_env(coin_env).checks[-1] == "usable_after_fuzz"
 
@@ -244,6 +245,7 @@ def _generate_in_subprocess(args):
 
 
 @pytest.mark.filterwarnings("ignore::jericho.UnsupportedGameWarning")
+@pytest.mark.slow
 def test_concurrent_generation_of_one_game(tmp_path):
     spec = GameSpec(kind="coin_collector", level=1, world_size=0, nb_objects=0, quest_length=0, game_seed=9, index=0)
     with multiprocessing.get_context("spawn").Pool(2) as pool:

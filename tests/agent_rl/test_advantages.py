@@ -18,9 +18,14 @@ from agent_rl.advantages import (
     step_advantages,
 )
 from agent_rl.batch import StepBatch
-from agent_rl.config import load_config
+from agent_rl.config import ConfigError, load_config, resolve_algorithm
 
 EPS = 1e-6
+
+
+def resolved_algo(overrides):
+    return resolve_algorithm(load_config(overrides=overrides).algo)
+
 
 # Three trajectories of group 0 (returns 1, 0, 0.5; two rows each) and a one-row group 1.
 RETURNS = np.array([1, 1, 0, 0, 0.5, 0.5, 0.25])
@@ -181,7 +186,7 @@ def test_pipeline_by_hand():
     # One group, two trajectories from state s0. Trajectory 0: s0 -> s1 (reward 1). Trajectory 1:
     # s0 -> s0 -> s1 (reward 1 at the end). Episode returns 1 and 1: zero episode advantage.
     batch = step_batch([0] * 5, [0, 0, 1, 1, 1], [0, 1, 0, 0, 1], ["s0", "s1", "s0", "s0", "s1"])
-    credit = compute_advantages(batch, load_config(overrides=["algo=gigpo", "algo.gamma=0.5"]).algo)
+    credit = compute_advantages(batch, resolved_algo(["algo=gigpo", "algo.gamma=0.5"]))
     # Step returns (gamma 0.5): traj0 [0.5, 1], traj1 [0.25, 0.5, 1]. Anchor group s0 = {0.5, 0.25,
     # 0.5}, mean 5/12; s1 = {1, 1}, mean 1 (the gigpo preset is mean-centred, no std).
     expected = np.array([0.5 - 5 / 12, 0.0, 0.25 - 5 / 12, 0.5 - 5 / 12, 0.0])
@@ -192,7 +197,7 @@ def test_pipeline_by_hand():
     assert credit.group_stats.n_groups == 2 and credit.group_stats.frac_rows_in_groups_ge2 == 1.0
     metrics = credit.metrics()
     assert metrics["anchors/mean_group_size"] == 2.5 and metrics["anchors/grouped_fraction"] == 1.0
-    grpo = compute_advantages(batch, load_config(overrides=["algo=grpo"]).algo)
+    grpo = compute_advantages(batch, resolved_algo(["algo=grpo"]))
     np.testing.assert_array_equal(grpo.advantages, np.zeros(5))  # equal returns: no trajectory-level signal
     np.testing.assert_array_equal(grpo.step, np.zeros(5))
     assert grpo.group_stats.n_groups == 2  # reported without step credit too
@@ -203,34 +208,57 @@ def test_pipeline_is_episode_plus_weighted_step():
     batch = step_batch([0, 0, 0, 0], [0, 0, 1, 1], [0.0, 1.0, 0.0, 0.0], ["s0", "s1", "s0", "s1"])
     step_returns = discounted_returns(batch.reward, batch.traj_id, 0.9)
     for preset, mode, normalize in (("gigpo", "drgrpo", "mean"), ("grpo", "grpo", "mean_std")):
-        algo = load_config(overrides=[f"algo={preset}", "algo.step_credit=true", "algo.step_weight=0.5", "algo.gamma=0.9"]).algo
+        algo = resolved_algo([f"algo={preset}", "algo.step_credit=true", "algo.step_weight=0.5", "algo.gamma=0.9"])
         episode = episode_advantages(episode_returns, batch.group_id, batch.traj_id, mode=mode)
         step = step_advantages(step_returns, batch.group_id, batch.anchor_key, normalize=normalize)
         np.testing.assert_allclose(compute_advantages(batch, algo).advantages, episode + 0.5 * step)
     # By hand for gigpo: episode +-0.5; step returns [0.9, 1, 0, 0]: anchor groups s0 {0.9, 0}, s1 {1, 0}.
-    algo = load_config(overrides=["algo=gigpo", "algo.step_weight=0.5", "algo.gamma=0.9"]).algo
+    algo = resolved_algo(["algo=gigpo", "algo.step_weight=0.5", "algo.gamma=0.9"])
     np.testing.assert_allclose(
         compute_advantages(batch, algo).advantages, [0.5 + 0.5 * 0.45, 0.5 + 0.5 * 0.5, -0.5 - 0.5 * 0.45, -0.5 - 0.5 * 0.5]
     )
+
+
+def test_step_only_credit_by_hand():
+    # Trajectory 0 wins (s0 -> s1, reward 1), trajectory 1 loses (s0 -> s0, reward 0). gamma 0.5.
+    batch = step_batch([0] * 4, [0, 0, 1, 1], [0, 1, 0, 0], ["s0", "s1", "s0", "s0"])
+    step_only = compute_advantages(batch, resolved_algo(["algo=gigpo", "algo.advantage=none", "algo.gamma=0.5"]))
+    # Step returns [0.5, 1, 0, 0]; anchor group s0 = {0.5, 0, 0} (mean 1/6), s1 = {1} (singleton: 0).
+    np.testing.assert_allclose(step_only.advantages, [0.5 - 1 / 6, 0.0, -1 / 6, -1 / 6], atol=1e-12)
+    np.testing.assert_array_equal(step_only.episode, np.zeros(4))
+    np.testing.assert_array_equal(step_only.advantages, step_only.step)
+    # GiGPO adds the episode part (Dr.GRPO: +-0.5) to exactly these step advantages.
+    gigpo = compute_advantages(batch, resolved_algo(["algo=gigpo", "algo.gamma=0.5"]))
+    np.testing.assert_allclose(gigpo.advantages - step_only.advantages, [0.5, 0.5, -0.5, -0.5], atol=1e-12)
+    # step_weight still scales the step part; mean_std normalization applies as usual.
+    weighted = compute_advantages(batch, resolved_algo(["algo=gigpo", "algo.advantage=none", "algo.gamma=0.5",
+                                                        "algo.step_weight=2"]))
+    np.testing.assert_allclose(weighted.advantages, 2 * step_only.advantages, atol=1e-12)
+
+
+def test_step_only_credit_needs_step_credit():
+    with pytest.raises(ConfigError, match="algo.advantage.*algo.step_credit=true"):
+        load_config(overrides=["algo=grpo", "algo.advantage=none"])
+    assert resolved_algo(["algo=grpo", "algo.advantage=none", "algo.step_credit=true"]).advantage == "none"
 
 
 def test_invalid_penalty_is_charged_to_the_invalid_step_alone():
     # Both trajectories win (return 1). Trajectory 1 made an invalid action at its first turn.
     batch = step_batch([0] * 5, [0, 0, 1, 1, 1], [0, 1, 0, 0, 1], ["s0", "s1", "s0", "s0", "s1"], valid=[1, 1, 0, 1, 1])
     overrides = ["algo=gigpo", "algo.gamma=0.5"]
-    plain = compute_advantages(batch, load_config(overrides=overrides).algo)
-    penalized = compute_advantages(batch, load_config(overrides=[*overrides, "algo.invalid_penalty=0.1"]).algo)
+    plain = compute_advantages(batch, resolved_algo(overrides))
+    penalized = compute_advantages(batch, resolved_algo([*overrides, "algo.invalid_penalty=0.1"]))
     np.testing.assert_allclose(penalized.advantages - plain.advantages, [0, 0, -0.1, 0, 0], atol=1e-12)
     np.testing.assert_array_equal(penalized.episode, plain.episode)  # returns and group statistics untouched
     # Under std normalization an all-win group stays at the penalty's size: it enters no statistic.
     std = ["algo=grpo", "algo.step_credit=true", "algo.gamma=0.5"]
-    no_penalty = compute_advantages(batch, load_config(overrides=std).algo)
-    with_penalty = compute_advantages(batch, load_config(overrides=[*std, "algo.invalid_penalty=0.01"]).algo)
+    no_penalty = compute_advantages(batch, resolved_algo(std))
+    with_penalty = compute_advantages(batch, resolved_algo([*std, "algo.invalid_penalty=0.01"]))
     np.testing.assert_allclose(with_penalty.advantages - no_penalty.advantages, [0, 0, -0.01, 0, 0], atol=1e-12)
     # The same penalty as an environment reward is discounted into earlier steps and changes the
     # trajectory's return: trajectory 1 now loses the episode comparison at every step.
     env_reward = step_batch(batch.group_id, batch.traj_id, [0, 1, -0.1, 0, 1], batch.anchor_key, valid=batch.action_valid)
-    as_reward = compute_advantages(env_reward, load_config(overrides=overrides).algo)
+    as_reward = compute_advantages(env_reward, resolved_algo(overrides))
     np.testing.assert_allclose(as_reward.episode, [0.05, 0.05, -0.05, -0.05, -0.05], atol=1e-12)
 
 
@@ -238,8 +266,8 @@ def test_step_credit_needs_anchor_keys():
     batch = step_batch([0, 0], [0, 1], [1.0, 0.0], ["a", "a"])
     batch.anchor_key = None
     with pytest.raises(ValueError, match="anchor_key"):
-        compute_advantages(batch, load_config(overrides=["algo=gigpo"]).algo)
-    grpo = compute_advantages(batch, load_config(overrides=["algo=grpo"]).algo)
+        compute_advantages(batch, resolved_algo(["algo=gigpo"]))
+    grpo = compute_advantages(batch, resolved_algo(["algo=grpo"]))
     assert grpo.group_stats is None and np.all(np.isfinite(grpo.advantages))
 
 
@@ -247,7 +275,7 @@ def test_step_credit_needs_anchor_keys():
 def test_degenerate_groups_give_finite_advantages(preset):
     # A one-trajectory group, an all-equal group, and an empty batch.
     batch = step_batch([0, 1, 1, 1, 1], [0, 1, 1, 2, 2], [1.0, 0.0, 1.0, 0.0, 1.0], ["a", "a", "b", "a", "b"])
-    algo = load_config(overrides=[f"algo={preset}", "algo.invalid_penalty=0.05"]).algo
+    algo = resolved_algo([f"algo={preset}", "algo.invalid_penalty=0.05"])
     credit = compute_advantages(batch, algo)
     assert np.all(np.isfinite(credit.advantages))
     np.testing.assert_allclose(credit.episode, 0.0, atol=1e-9)
@@ -308,10 +336,10 @@ def test_step_stats_reproduce_verl_agent(normalize):
             sr += [sum(0.95**k * r for k, r in enumerate(traj_rewards[i:])) for i in range(length)]
     groups, trajs, keys, rewards, ep, sr = map(np.asarray, (groups, trajs, keys, rewards, ep, sr))
     mode = "grpo" if normalize == "mean_std" else "drgrpo"
-    algo = load_config(overrides=[
+    algo = resolved_algo([
         "algo=gigpo", f"algo.advantage={mode}", f"algo.step_normalize={normalize}", "algo.episode_stats=step",
         "algo.step_weight=0.7", "algo.gamma=0.95",
-    ]).algo
+    ])
     ours = compute_advantages(step_batch(groups, trajs, rewards, keys), algo).advantages
     reference = _verl_gigpo(ep, sr, groups, trajs, keys, normalize == "mean", 0.7)
     # The only deliberate difference: a singleton anchor group gets 0 here, its raw return there.

@@ -294,6 +294,7 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 @pytest.mark.vllm
 @pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed")
+@pytest.mark.slow
 def test_vllm_serves_the_converted_model_and_follows_weight_syncs(tiny):
     _, _, (model, tokenizer) = tiny
     prompts = prompts_for(tokenizer)

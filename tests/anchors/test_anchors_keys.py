@@ -118,9 +118,9 @@ def test_similarity_keys_cluster_within_groups():
 
 
 def test_unknown_kind_lists_valid_kinds():
-    with pytest.raises(ValueError, match="unknown anchor key kind 'exact'.*state, observation, fingerprint, similarity"):
+    with pytest.raises(ValueError, match="unknown anchor key kind 'exact'.*state, observation, fingerprint, similarity, context"):
         compute_anchor_keys("exact", observations=["a"])
-    assert anchors.KEY_KINDS == KEY_KINDS == ("state", "observation", "fingerprint", "similarity")
+    assert anchors.KEY_KINDS == KEY_KINDS == ("state", "observation", "fingerprint", "similarity", "context")
 
 
 @pytest.mark.parametrize(
@@ -131,6 +131,10 @@ def test_unknown_kind_lists_valid_kinds():
         ("similarity", {}, "needs observations"),
         ("fingerprint", {"observations": ["a", "b"], "errors": [None]}, "observations=2, errors=1"),
         ("similarity", {"observations": ["a", "b"], "group_ids": [0]}, "observations=2, group_ids=1"),
+        ("context", {"states": ["a"], "actions": ["x"], "traj_ids": [0]}, "needs history_turns"),
+        ("context", {"states": ["a"], "history_turns": 1}, "needs actions and traj_ids"),
+        ("context", {"states": ["a", "b"], "actions": ["x", "y"], "traj_ids": [0], "history_turns": 1}, "traj_ids=1"),
+        ("context", {"states": ["a"], "actions": ["x"], "traj_ids": [0], "history_turns": -1}, "history_turns must be"),
     ],
 )
 def test_missing_or_mismatched_inputs_are_named(kind, kwargs, message):
@@ -148,3 +152,89 @@ def test_keys_are_deterministic_and_equal_iff_normalized_text_equal(texts):
     for i in range(len(texts)):
         for j in range(len(texts)):
             assert (first[i] == first[j]) == (normalized[i] == normalized[j])
+
+
+# ---- context keys -----------------------------------------------------------------------------
+
+
+def _context(states, actions, traj_ids, history_turns):
+    return compute_anchor_keys("context", states=states, actions=actions, traj_ids=traj_ids, history_turns=history_turns)
+
+
+def test_context_keys_by_hand():
+    # Trajectories 0 and 1 both walk a -> b -> a -> b, but trajectory 1 waits instead of going back
+    # on its second turn; trajectory 2 starts in b.
+    states = ["a", "b", "a", "b"] + ["a", "b", "a", "b"] + ["b"]
+    actions = ["go", "back", "go", "back"] + ["go", "wait", "go", "back"] + ["back"]
+    traj = [0] * 4 + [1] * 4 + [2]
+    k1 = _context(states, actions, traj, 1)  # own state + (previous state, previous action)
+    assert k1[0] == k1[4]  # in a, no earlier turn
+    assert k1[1] == k1[3] == k1[5] == k1[7]  # in b after (a, go)
+    assert k1[2] != k1[6]  # in a after (b, back) vs after (b, wait)
+    assert len({k1[0], k1[1], k1[2], k1[6], k1[8]}) == 5
+    k2 = _context(states, actions, traj, 2)  # own state + the last two turns
+    assert k2[0] == k2[4] and k2[1] == k2[5]  # still no difference in what is shown
+    assert k2[1] != k2[3]  # in b after only (a, go) vs after (b, back), (a, go)
+    assert k2[3] != k2[7]  # in b after (b, back), (a, go) vs after (b, wait), (a, go)
+    assert k2[1] != k1[1]
+
+
+def test_context_keys_differ_for_same_state_and_different_last_action():
+    states, actions, traj = ["s0", "s", "s0", "s"], ["left", "x", "right", "x"], [0, 0, 1, 1]
+    keys = _context(states, actions, traj, 1)
+    assert keys[1] != keys[3]
+    assert keys[0] == keys[2]  # first turns: same state, no history
+    group, _ = anchors.group_steps([7, 7, 7, 7], keys)
+    assert group[1] != group[3]
+
+
+def test_context_keys_read_the_shown_observations_when_given():
+    # Same states and actions; the first turn's observation differs ("You go north." was shown).
+    states, actions, traj = ["hall", "room", "hall", "room"], ["go", "look", "go", "look"], [0, 0, 1, 1]
+    observations = ["You are in the hall.", "In the room.", "You go north. You are in the hall.", "In the room."]
+    by_state = _context(states, actions, traj, 1)
+    assert by_state[1] == by_state[3]
+    shown = compute_anchor_keys("context", observations, states=states, actions=actions, traj_ids=traj, history_turns=1)
+    assert shown[1] != shown[3]
+    assert shown[0] == shown[2] == by_state[0]  # first turns: the state key, no history
+    spaced = compute_anchor_keys("context", ["You  are in the hall.", *observations[1:]], states=states, actions=actions,
+                                 traj_ids=traj, history_turns=1)
+    assert spaced[1] == shown[1]  # observations are compared whitespace-normalized, as the observation kind does
+
+
+def test_context_keys_with_no_history_are_the_state_keys():
+    states = ["r1", "r2", "r1", "r3", "r2"]
+    keys = _context(states, ["a", "b", "c", "d", "e"], [0, 0, 1, 1, 1], 0)
+    assert np.array_equal(keys, compute_anchor_keys("state", states=states))
+
+
+def test_context_keys_follow_trajectories_through_interleaved_rows():
+    # The same two trajectories, row by row interleaved and one after the other.
+    states = ["a", "b", "c", "x", "y", "z"]
+    actions = ["1", "2", "3", "4", "5", "6"]
+    traj = [0, 0, 0, 1, 1, 1]
+    interleave = [0, 3, 1, 4, 2, 5]
+    blocked = _context(states, actions, traj, 2)
+    mixed = _context([states[i] for i in interleave], [actions[i] for i in interleave], [traj[i] for i in interleave], 2)
+    assert np.array_equal(mixed, blocked[interleave])
+
+
+@settings(deadline=None, max_examples=60)
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.sampled_from("ab"), st.sampled_from("uv")), min_size=1, max_size=30),
+    st.integers(0, 3),
+)
+def test_context_keys_equal_iff_shown_histories_equal(rows, history_turns):
+    """Keys are equal exactly when the state and the shown turns (state standing in for the
+    observation, action) are equal."""
+    traj = [r[0] for r in rows]
+    states = [r[1] for r in rows]
+    actions = [r[2] for r in rows]
+    keys = _context(states, actions, traj, history_turns)
+    shown = []
+    for i, (trajectory, state, _) in enumerate(rows):
+        earlier = [j for j in range(i) if traj[j] == trajectory][::-1][:history_turns]
+        shown.append((state, tuple((states[j], actions[j]) for j in earlier)))
+    for i in range(len(rows)):
+        for j in range(len(rows)):
+            assert (keys[i] == keys[j]) == (shown[i] == shown[j])

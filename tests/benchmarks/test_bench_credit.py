@@ -7,13 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from agent_rl.cli import main
 
 
+@pytest.mark.slow
 def test_quick_grid_writes_every_output_and_resumes(tmp_path):
     out = tmp_path / "grid"
-    # The installed console script, from outside the checkout: the way users run it. (The project's
-    # `anchors` package must win over benchmarks/anchors.py there too.)
+    # The installed console script, from outside the checkout: the way users run it.
     console_script = Path(sys.executable).with_name("agent-rl")
     run = subprocess.run([str(console_script), "bench", "credit", "--quick", "--out", str(out)], cwd=tmp_path,
                          capture_output=True, text=True, timeout=600)

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import envs
 from envs import check_text_env, oracle_actions
 from envs.base import clean_observation
 from envs.minicode import TEMPLATES, MiniCodeEnv
@@ -197,7 +198,7 @@ def test_checker_passes(kwargs):
 def test_checker_passes_through_gymnasium_make():
     env = gym.make("agent_rl/MiniCode-v0", level=3)
     assert check_text_env(env).env_id == "agent_rl/MiniCode-v0"
-    assert env.unwrapped.default_anchor_key == "fingerprint"
+    assert envs.text_env_spec("agent_rl/MiniCode-v0").default_anchor == "fingerprint"
 
 
 @pytest.mark.parametrize("kwargs", [dict(level=1), dict(level=2), dict(level=3), dict(level=2, n_tests=1), dict(level=3, n_tests=30)])

@@ -12,10 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from ddp_worker import fixed_minibatch, gradients  # beside this file, on pytest's path
 from training.policy import load_policy
-
-sys.path.insert(0, str(Path(__file__).parent))
-from ddp_worker import fixed_minibatch, gradients  # noqa: E402
 
 
 def _free_port() -> int:
@@ -25,6 +23,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.parametrize("loss", ["grpo", "dapo", "drgrpo"])
+@pytest.mark.slow
 def test_two_process_gradient_equals_single_process_gradient(tmp_path, loss):
     out = tmp_path / "grad.safetensors"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -55,6 +54,7 @@ def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(checkpoint.find_checkpoint(run_dir, "last").model_dir / "model.safetensors")
 
 
+@pytest.mark.slow
 def test_two_learners_train_like_one_and_resume(tmp_path):
     """Rank 0 collects the same rollouts as a single process; the summed gradients are the same, so
     after 2 iterations the weights agree; a 2-process run also resumes from its checkpoint."""

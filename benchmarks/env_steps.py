@@ -9,9 +9,9 @@ on its own). After timing, environments with an oracle play it on ``--oracle-epi
 ``--scienceworld-tasks N`` adds, per ScienceWorld task, reset time and gold-path success on N train
 variations, and how many gold steps are among the valid and the shown actions.
 
-    python benchmarks/envs.py                     # -> benchmarks/results/envs.json
-    python benchmarks/envs.py --seconds 2 --env agent_rl/Maze-v0
-    python benchmarks/envs.py --env agent_rl/ScienceWorld-v0 --env textarena/Sokoban-v0 --name envs_suites
+    python -m benchmarks.env_steps                     # -> benchmarks/results/env_steps.json
+    python -m benchmarks.env_steps --seconds 2 --env agent_rl/Maze-v0
+    python -m benchmarks.env_steps --env agent_rl/ScienceWorld-v0 --env textarena/Sokoban-v0 --name envs_suites
 """
 
 from __future__ import annotations
@@ -27,14 +27,9 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-# This script shares its name with the ``envs`` package: import the package before its folder is on the path.
-BENCH_DIR = Path(__file__).resolve().parent
-sys.path = [entry for entry in sys.path if Path(entry or ".").resolve() != BENCH_DIR]
-from envs import oracle_actions, text_env_specs  # noqa: E402
-from envs.registration import NAMESPACE  # noqa: E402
-
-sys.path.append(str(BENCH_DIR))
-from common import write_result  # noqa: E402
+from benchmarks.common import write_result
+from envs import oracle_actions, text_env_specs
+from envs.registration import NAMESPACE
 
 TARGET_STEPS_PER_S = {f"{NAMESPACE}/Maze-v0": 10_000, f"{NAMESPACE}/Sokoban-v0": 10_000, f"{NAMESPACE}/MiniCode-v0": 10_000}
 """The issue's one-core targets; TextWorld is bounded by the textworld package itself."""
@@ -178,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--env", action="append", default=[], help="only these ids (repeatable); default: all registered")
     parser.add_argument("--oracle-episodes", type=int, default=10, help="seeds the oracle plays per environment")
     parser.add_argument("--scienceworld-tasks", type=int, default=0, metavar="N", help="per-task ScienceWorld sweep on N variations")
-    parser.add_argument("--name", default="envs", help="result file name (default envs -> envs.json)")
+    parser.add_argument("--name", default="env_steps", help="result file name (default env_steps -> env_steps.json)")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/results)")
     args = parser.parse_args(argv)
     env_ids = args.env or list(text_env_specs())

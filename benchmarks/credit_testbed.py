@@ -1,0 +1,895 @@
+"""Credit testbed: trajectory-level credit (GRPO family) against step-level credit (GiGPO) with a
+tabular softmax policy, many paired seeds in minutes.
+
+The policy is one logit vector per (task, anchor state) over that state's admissible actions, trained
+by the policy gradient ``logits[s, a] += lr * A * (onehot(a) - pi(.|s))``. The advantages ``A`` come
+from ``agent_rl.advantages.compute_advantages`` with anchor keys from ``anchors.compute_anchor_keys``:
+the credit code users train with. Only the policy and the environment stepping are replaced:
+
+1. Each task's reachable state graph is explored once with the real environment (breadth first over
+   ``info["admissible_actions"]`` from the reset state, up to the step limit), recording per
+   transition the next state, reward, termination, win, validity, the anchor string and the
+   observation.
+2. Rollouts for every seed and arm are simulated with numpy on those tables, all seeds at once.
+3. Success is the exact probability that a trajectory sampled from the policy wins within the step
+   limit (forward dynamic programming over the state graph), so no evaluation noise enters.
+
+The policy is per task: the metric is the sampled success on the training tasks the policy was
+trained on (drawn from training seeds, below ``envs.EVAL_SEED_BASE``). A tabular policy has nothing
+to carry to an unseen task, so no held-out seed is played.
+
+Arms are compared on the same seeds (same tasks, same sampling noise at the start: common random
+numbers), by per-seed differences against GRPO at the same group size, under two views of the
+advantage scale: ``equal`` rescales each seed's batch to mean |A| = 1 (arms differ only in the
+direction of their advantages; the primary view), ``raw`` keeps each estimator's own scale.
+
+    python -m benchmarks.credit_testbed            # the full run (128 paired seeds)
+    python -m benchmarks.credit_testbed --quick    # a smoke run in seconds
+    agent-rl bench testbed [--quick] [--envs maze,sokoban] [--arms grpo,gigpo] [--seeds N] [--out DIR]
+
+Outputs under ``--out`` (default ``benchmarks/results/credit_testbed``): ``summary.json``,
+``summary.md``, ``success_<env>.png`` (success curves) and ``paired_differences.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agent_rl.advantages import compute_advantages
+from agent_rl.batch import StepBatch
+from agent_rl.config import AlgorithmConfig, resolve_algorithm
+from anchors import compute_anchor_keys
+from benchmarks.common import RESULTS_DIR, machine_info
+from benchmarks.paired_stats import mean_interval, paired_difference
+from envs import EVAL_SEED_BASE, TextEnv, Transition, register_text_env
+
+# ---- a user-registered toy environment ---------------------------------------------------------
+
+
+class KeyCorridorEnv(TextEnv):
+    """A corridor of cells: take the key at one end, then open the door at the other end.
+
+    Registered below with ``envs.register_text_env`` exactly as a user would register their own
+    environment. Its states recur constantly (walking back and forth), so anchor groups are large.
+    The length, the key's end and the start cell come from the seed.
+    """
+
+    def __init__(self, *, min_length: int = 5, max_length: int = 8, max_steps: int = 20, **base_kwargs: Any) -> None:
+        if not 3 <= min_length <= max_length:
+            raise ValueError(f"need 3 <= min_length <= max_length, got {min_length} and {max_length}")
+        super().__init__(max_steps=max_steps, **base_kwargs)
+        self.min_length, self.max_length = min_length, max_length
+        self.length = self.key_cell = self.door_cell = self.start = self.cell = 0
+        self.has_key = self.opened = False
+
+    def _new_game(self, options: dict[str, Any] | None) -> str:
+        self.length = int(self.np_random.integers(self.min_length, self.max_length + 1))
+        self.key_cell = 0 if self.np_random.random() < 0.5 else self.length - 1
+        self.door_cell = self.length - 1 - self.key_cell
+        self.start = self.cell = int(self.np_random.integers(1, self.length - 1))
+        self.has_key = self.opened = False
+        self.task = "Take the key, then open the door with it. Commands: left, right, take key, open door."
+        return self._describe("")
+
+    def _apply(self, command: str) -> Transition:
+        if command in ("left", "right"):
+            target = self.cell + (-1 if command == "left" else 1)
+            if not 0 <= target < self.length:
+                return self._invalid(f"A wall blocks the way {command}.")
+            self.cell = target
+            return Transition(self._describe(f"You walk {command}."))
+        if command == "take key":
+            if self.cell != self.key_cell or self.has_key:
+                return self._invalid("There is no key here.")
+            self.has_key = True
+            return Transition(self._describe("You take the key."))
+        if command == "open door":
+            if self.cell != self.door_cell:
+                return self._invalid("There is no door here.")
+            if not self.has_key:
+                return self._invalid("The door is locked.")
+            self.opened = True
+            return Transition(self._describe("The door opens."), terminated=True)
+        return self._invalid(f"Unknown command {command!r}. Commands: left, right, take key, open door.")
+
+    def _invalid(self, message: str) -> Transition:
+        return Transition(self._describe(message), valid=False, error=message)
+
+    def _describe(self, message: str) -> str:
+        sights = [
+            *(["You see a key."] if self.cell == self.key_cell and not self.has_key else []),
+            *(["There is a door here."] if self.cell == self.door_cell else []),
+        ]
+        here = " ".join([f"You are in cell {self.cell + 1} of {self.length}.", *sights])
+        carrying = f"You carry {'the key' if self.has_key else 'nothing'}."
+        return "\n".join([*([message] if message else []), here, carrying])
+
+    def admissible_actions(self) -> list[str]:
+        actions = [move for move, ok in (("left", self.cell > 0), ("right", self.cell < self.length - 1)) if ok]
+        if self.cell == self.key_cell and not self.has_key:
+            actions.append("take key")
+        if self.cell == self.door_cell and self.has_key:
+            actions.append("open door")
+        return actions
+
+    def anchor(self) -> str:
+        return f"cell={self.cell};key={int(self.has_key)}"
+
+    def is_won(self) -> bool:
+        return self.opened
+
+    def instance_key(self) -> str:
+        return f"length={self.length};key={self.key_cell};start={self.start}"
+
+
+register_text_env(
+    "testbed/KeyCorridor-v0",
+    KeyCorridorEnv,
+    description="Walk a corridor: take the key at one end, open the door at the other (credit testbed toy).",
+)
+
+# ---- settings ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TestbedEnv:
+    """One environment of the testbed."""
+
+    env_id: str
+    """Registered text-environment id."""
+    kwargs: dict[str, Any]
+    """Constructor arguments (``gymnasium.make(env_id, **kwargs)``)."""
+    description: str
+    """One line for the summary."""
+    eval_every: int = 3
+    """Exact success is computed every this many updates (and after the last)."""
+    skip_arms: tuple[str, ...] = ()
+    """Arms not run here (the reason is in ``description``)."""
+
+
+ENVIRONMENTS: dict[str, TestbedEnv] = {
+    "maze": TestbedEnv(
+        "agent_rl/Maze-v0",
+        {"n_rooms": 4, "n_locked_doors": 1, "dead_ends": 1, "extra_edges": 0, "n_distractors": 0, "max_steps": 20},
+        "the README main job's Maze: 4 rooms, 1 locked door, 1 dead end, 20 steps",
+    ),
+    "maze-long": TestbedEnv(
+        "agent_rl/Maze-v0",
+        {"n_rooms": 8, "n_locked_doors": 2, "dead_ends": 2, "extra_edges": 0, "n_distractors": 0, "max_steps": 50},
+        "8 rooms, 2 locked doors, 2 dead ends, 50 steps; dropping keys anywhere gives about 1000 states per task, "
+        "so similarity anchors (which cluster every observation text) are not run here",
+        eval_every=5,
+        skip_arms=("gigpo-similarity",),
+    ),
+    "sokoban": TestbedEnv(
+        "agent_rl/Sokoban-v0",
+        {"width": 7, "height": 7, "n_boxes": 1, "reverse_steps": 50, "max_steps": 20},
+        "7x7 Sokoban, 1 box scrambled by 50 reverse-play moves, 20 steps (training/configs/sokoban.yaml is 6x6 "
+        "with 20 moves)",
+    ),
+    "corridor": TestbedEnv(
+        "testbed/KeyCorridor-v0",
+        {"min_length": 5, "max_length": 8, "max_steps": 20},
+        "a user-registered toy: a corridor of 5-8 cells, key at one end, door at the other, 20 steps",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One credit-assignment method: an ``AlgorithmConfig`` and how anchor keys are computed."""
+
+    algo: dict[str, Any]
+    """``AlgorithmConfig`` fields (the loss is not used: the policy is tabular)."""
+    anchor: str = "state"
+    """``anchors.compute_anchor_keys`` kind."""
+    history_turns: int = 0
+    """Turns of history for the ``context`` kind."""
+    group_size: int = 4
+    """Trajectories per group."""
+    baseline: str = "grpo"
+    """The arm this one is compared with, seed by seed (GRPO at the same group size)."""
+    reference: str | None = None
+    """A second arm compared seed by seed: the GiGPO arm that a GiGPO variant changes one setting of."""
+
+
+ARMS: dict[str, Arm] = {
+    "grpo": Arm({"preset": "grpo"}),
+    "drgrpo": Arm({"preset": "drgrpo"}),
+    "rloo": Arm({"preset": "rloo"}),
+    "gigpo": Arm({"preset": "gigpo"}),  # Dr.GRPO episode + mean-centred step advantages, omega 1
+    "gigpo-mean_std": Arm({"preset": "gigpo", "advantage": "grpo", "step_normalize": "mean_std"}, reference="gigpo"),
+    "step-only": Arm({"preset": "gigpo", "advantage": "none"}, reference="gigpo"),
+    "gigpo-w0.5": Arm({"preset": "gigpo", "step_weight": 0.5}, reference="gigpo"),
+    "gigpo-w2": Arm({"preset": "gigpo", "step_weight": 2.0}, reference="gigpo"),
+    "gigpo-similarity": Arm({"preset": "gigpo"}, anchor="similarity", reference="gigpo"),
+    "gigpo-context1": Arm({"preset": "gigpo"}, anchor="context", history_turns=1, reference="gigpo"),
+    "gigpo-context2": Arm({"preset": "gigpo"}, anchor="context", history_turns=2, reference="gigpo"),
+    "grpo-g8": Arm({"preset": "grpo"}, group_size=8, baseline="grpo-g8"),
+    "gigpo-g8": Arm({"preset": "gigpo"}, group_size=8, baseline="grpo-g8"),
+}
+"""Every arm uses ``AlgorithmConfig``'s defaults otherwise (gamma 0.95, trajectory statistics)."""
+
+MAX_GROUP_SIZE = max(arm.group_size for arm in ARMS.values())
+
+VIEWS = ("equal", "raw")
+"""``equal``: each seed's batch rescaled to mean |A| = 1 every update; ``raw``: the estimator's own scale."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One run of the testbed."""
+
+    seeds: int = 128
+    """Paired seeds: every arm trains each seed's tasks from the same start with the same noise."""
+    tasks: int = 8
+    """Tasks per seed; every update plays one group of each (the batch's groups)."""
+    updates: int = 15
+    """Policy-gradient updates (one per batch)."""
+    lr: float = 0.1
+    """Step size of the tabular policy gradient."""
+    arms: tuple[str, ...] = tuple(ARMS)
+    """Arms to train (names in ``ARMS``; their baselines are added)."""
+    envs: tuple[str, ...] = tuple(ENVIRONMENTS)
+    """Environments (names in ``ENVIRONMENTS``)."""
+    workers: int = 2
+    """Processes exploring tasks and training arms (1: all in this process)."""
+
+
+QUICK = Settings(seeds=6, tasks=2, updates=3, workers=1,
+                 arms=("grpo", "gigpo", "step-only", "gigpo-similarity", "gigpo-context1", "grpo-g8", "gigpo-g8"))
+
+
+def _select(kind: str, requested: list[str], valid: dict[str, Any]) -> tuple[str, ...]:
+    unknown = [name for name in requested if name not in valid]
+    if unknown:
+        raise ValueError(f"unknown {kind} {', '.join(map(repr, unknown))}; valid {kind}s: {', '.join(valid)}")
+    return tuple(dict.fromkeys(requested))
+
+
+def with_baselines(arms: tuple[str, ...]) -> tuple[str, ...]:
+    """The arms and the baselines they are compared with, baselines first."""
+    return tuple(dict.fromkeys([*(ARMS[arm].baseline for arm in arms), *arms]))
+
+
+def task_seed(seed: int, task: int, tasks: int) -> int:
+    """The training reset seed of task ``task`` of paired seed ``seed`` (distinct per pair, < 2**31)."""
+    value = seed * tasks + task
+    if value >= EVAL_SEED_BASE:
+        raise ValueError(f"task seed {value} would be an evaluation seed; use fewer seeds or tasks")
+    return value
+
+
+# ---- exploration: each task's state graph, from the real environment ------------------------------
+
+
+@dataclass
+class TaskGraph:
+    """The states reachable from one reset within the step limit and every transition between them.
+    Transitions are listed state by state, each state's in the order of its admissible actions."""
+
+    anchors: list[str]
+    """``info["anchor"]`` of each state; state 0 is the reset state."""
+    n_actions: np.ndarray
+    """Admissible actions per state (0 for states first reached at the step limit)."""
+    action_names: list[str]
+    action_id: np.ndarray
+    """Per transition: its action, an index into ``action_names``."""
+    next_state: np.ndarray
+    """Per transition: the next state, or -1 where the action terminates the episode."""
+    reward: np.ndarray
+    """Per transition: the environment's reward."""
+    won: np.ndarray
+    """Per transition: ``info["won"]`` after it."""
+    valid: np.ndarray
+    """Per transition: ``info["action_valid"]``."""
+    observation_texts: list[str]
+    observation_id: np.ndarray
+    """Per transition: the observation the step returned (what the next action is chosen on), an
+    index into ``observation_texts``; index 0 is the reset observation."""
+    max_steps: int
+    """The environment's step limit: states first reached there are not expanded."""
+
+    def first_transition(self) -> np.ndarray:
+        """Index of each state's first transition."""
+        return np.concatenate([[0], np.cumsum(self.n_actions)[:-1]])
+
+
+def explore(env_id: str, kwargs: dict[str, Any], seed: int) -> TaskGraph:
+    """Breadth-first search of one task's state graph by stepping the real environment.
+
+    A state is restored by writing back a copy of the environment's attributes taken when the state
+    was first reached, which is exact for environments that replace their state attributes on a
+    step instead of mutating them in place (all bundled ones); :func:`replay_check` verifies it.
+    """
+    import gymnasium as gym
+
+    env = gym.make(env_id, **kwargs)
+    observation, info = env.reset(seed=seed)
+    game = env.unwrapped
+    if "admissible_actions" not in info:
+        raise ValueError(f"{env_id} gives no info['admissible_actions']: the testbed needs a finite action set")
+    max_steps = int(game.max_steps)
+    names: dict[str, int] = {}
+    texts = {observation: 0}
+    index = {info["anchor"]: 0}
+    anchors, snapshots, depth, admissible = [info["anchor"]], [dict(vars(game))], [0], [info["admissible_actions"]]
+    n_actions: list[int] = []
+    columns: tuple[list, ...] = ([], [], [], [], [], [])  # action, next state, reward, won, valid, observation
+    state = 0
+    while state < len(anchors):
+        actions = admissible[state] if depth[state] < max_steps else []
+        n_actions.append(len(actions))
+        for action in actions:
+            vars(game).update(snapshots[state])
+            observation, reward, terminated, _, info = env.step(action)
+            target = -1
+            if not terminated:
+                target = index.setdefault(info["anchor"], len(anchors))
+                if target == len(anchors):
+                    anchors.append(info["anchor"])
+                    snapshots.append(dict(vars(game)))
+                    depth.append(depth[state] + 1)
+                    admissible.append(info.get("admissible_actions", []))
+            values = (names.setdefault(action, len(names)), target, reward, info["won"], info["action_valid"],
+                      texts.setdefault(observation, len(texts)))
+            for column, value in zip(columns, values):
+                column.append(value)
+        snapshots[state] = None  # expanded: its snapshot is no longer needed
+        state += 1
+    env.close()
+    action, next_state, reward, won, valid, observation_id = columns
+    return TaskGraph(
+        anchors, np.array(n_actions), list(names), np.array(action, dtype=np.int64), np.array(next_state, dtype=np.int64),
+        np.array(reward, dtype=np.float64), np.array(won, dtype=bool), np.array(valid, dtype=bool), list(texts),
+        np.array(observation_id, dtype=np.int64), max_steps,
+    )
+
+
+def replay_check(env_id: str, kwargs: dict[str, Any], seed: int, graph: TaskGraph, rng: np.random.Generator) -> None:
+    """Play one random walk of the recorded graph through the environment's public API (a fresh
+    ``reset(seed)`` and ``step``s) and check that every anchor, reward and observation agrees."""
+    import gymnasium as gym
+
+    env = gym.make(env_id, **kwargs)
+    observation, info = env.reset(seed=seed)
+    first = graph.first_transition()
+    state, agrees = 0, observation == graph.observation_texts[0]
+    for _ in range(graph.max_steps):
+        agrees = agrees and info["anchor"] == graph.anchors[state]
+        if not agrees:
+            break
+        edge = first[state] + int(rng.integers(graph.n_actions[state]))
+        observation, reward, terminated, _, info = env.step(graph.action_names[graph.action_id[edge]])
+        agrees = (terminated == (graph.next_state[edge] < 0) and reward == graph.reward[edge]
+                  and observation == graph.observation_texts[graph.observation_id[edge]])
+        if terminated or not agrees:
+            break
+        state = graph.next_state[edge]
+    else:  # the step limit: the last state must match too
+        agrees = info["anchor"] == graph.anchors[state]
+    env.close()
+    if not agrees:
+        raise RuntimeError(
+            f"{env_id} seed {seed}: replaying the explored state graph through reset/step disagrees with it; the "
+            "testbed restores states by copying the environment's attributes, which needs a step that replaces its "
+            "state attributes rather than mutating them in place"
+        )
+
+
+def explore_task(job: tuple[str, int, bool]) -> TaskGraph:
+    """Explore and replay-check one task of testbed environment ``job[0]`` (a worker's job); the
+    observation texts are dropped unless ``job[2]`` (only similarity anchors read them)."""
+    name, seed, keep_observations = job
+    spec = ENVIRONMENTS[name]
+    graph = explore(spec.env_id, spec.kwargs, seed)
+    replay_check(spec.env_id, spec.kwargs, seed, graph, np.random.default_rng(seed))
+    if not keep_observations:
+        graph.observation_texts, graph.observation_id = [""], np.zeros_like(graph.observation_id)
+    return graph
+
+
+@dataclass
+class Tables:
+    """All tasks of one environment (every seed's) as flat arrays; states are numbered globally."""
+
+    next_state: np.ndarray
+    """(states, max actions) int64: next state, -1 for termination and padding."""
+    reward: np.ndarray
+    """(states, max actions) float64."""
+    won: np.ndarray
+    """(states, max actions) bool."""
+    valid: np.ndarray
+    """(states, max actions) bool."""
+    admissible: np.ndarray
+    """(states, max actions) bool: the action slot exists."""
+    observation_id: np.ndarray
+    """(states, max actions): index into ``observations`` of the step's observation."""
+    action_id: np.ndarray
+    """(states, max actions): index into ``actions``."""
+    anchor_id: np.ndarray
+    """(states,): index into ``anchors``."""
+    task_of_state: np.ndarray
+    """(states,): the task (seed x tasks + task) a state belongs to."""
+    start_state: np.ndarray
+    """(tasks,): the reset state of each task."""
+    start_observation_id: np.ndarray
+    """(tasks,): index into ``observations`` of each task's reset observation."""
+    anchors: np.ndarray
+    """Distinct anchor strings (object array)."""
+    actions: np.ndarray
+    """Distinct action strings (object array)."""
+    observations: np.ndarray
+    """Distinct observation strings (object array; only ``""`` when they are not kept)."""
+    max_steps: int
+    """The step limit."""
+    edges: tuple[np.ndarray, np.ndarray, np.ndarray] = field(init=False)
+    """(source state, action slot, target state) of every non-terminating transition."""
+
+    def __post_init__(self) -> None:
+        source, slot = np.nonzero(self.next_state >= 0)
+        self.edges = (source, slot, self.next_state[source, slot])
+
+
+def build_tables(graphs: list[TaskGraph]) -> Tables:
+    """Stack the task graphs, numbering states globally and strings across tasks."""
+    texts: dict[str, dict[str, int]] = {"anchors": {}, "actions": {}, "observations": {}}
+
+    def global_ids(kind: str, values: list[str]) -> np.ndarray:
+        table = texts[kind]
+        return np.array([table.setdefault(value, len(table)) for value in values], dtype=np.int64)
+
+    n_states = np.array([len(g.anchors) for g in graphs])
+    offsets = np.concatenate([[0], np.cumsum(n_states)[:-1]])
+    n_actions = np.concatenate([g.n_actions for g in graphs])
+    shape = (len(n_actions), int(n_actions.max()))
+    # Row and slot of every transition: each state's transitions are consecutive, in slot order.
+    rows = np.repeat(np.arange(len(n_actions)), n_actions)
+    slots = np.arange(len(rows)) - np.repeat(np.cumsum(n_actions) - n_actions, n_actions)
+    state_offset = np.repeat(offsets, [len(g.next_state) for g in graphs])
+    target = np.concatenate([g.next_state for g in graphs])
+    tables = {name: np.zeros(shape, dtype=dtype) for name, dtype in
+              (("reward", np.float64), ("won", bool), ("valid", bool), ("admissible", bool),
+               ("observation_id", np.int64), ("action_id", np.int64))}
+    tables["next_state"] = np.full(shape, -1, dtype=np.int64)
+    tables["next_state"][rows, slots] = np.where(target >= 0, target + state_offset, -1)
+    tables["admissible"][rows, slots] = True
+    for name in ("reward", "won", "valid"):
+        tables[name][rows, slots] = np.concatenate([getattr(g, name) for g in graphs])
+    tables["action_id"][rows, slots] = np.concatenate([global_ids("actions", g.action_names)[g.action_id] for g in graphs])
+    observation_ids = [global_ids("observations", g.observation_texts) for g in graphs]
+    tables["observation_id"][rows, slots] = np.concatenate([ids[g.observation_id] for ids, g in zip(observation_ids, graphs)])
+    anchor_id = np.concatenate([global_ids("anchors", g.anchors) for g in graphs])
+    strings = {kind: np.array(list(table), dtype=object) for kind, table in texts.items()}
+    return Tables(
+        **tables, anchor_id=anchor_id, task_of_state=np.repeat(np.arange(len(graphs)), n_states), start_state=offsets,
+        start_observation_id=np.array([ids[0] for ids in observation_ids]), anchors=strings["anchors"],
+        actions=strings["actions"], observations=strings["observations"], max_steps=graphs[0].max_steps,
+    )
+
+
+# ---- the tabular policy -----------------------------------------------------------------------------
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise softmax over finite entries (-inf marks a missing action); all-missing rows give 0."""
+    top = logits.max(axis=1, keepdims=True)
+    top[~np.isfinite(top)] = 0.0
+    weights = np.exp(logits - top)
+    total = weights.sum(axis=1, keepdims=True)
+    return np.divide(weights, total, out=np.zeros_like(weights), where=total > 0)
+
+
+def initial_logits(tables: Tables) -> np.ndarray:
+    """A uniform policy over each state's admissible actions."""
+    return np.where(tables.admissible, 0.0, -np.inf)
+
+
+@dataclass
+class Rollout:
+    """The rows of one batch, in time order within each trajectory (trajectories interleaved)."""
+
+    traj: np.ndarray
+    """Trajectory id (tasks x group size of them)."""
+    task: np.ndarray
+    """Task of the row: its group id."""
+    state: np.ndarray
+    """Global state the action was chosen in."""
+    action: np.ndarray
+    """Slot of the chosen action."""
+    observation_id: np.ndarray
+    """The observation the action was chosen on (index into ``Tables.observations``)."""
+    reward: np.ndarray
+    """The environment's reward for the action."""
+    valid: np.ndarray
+    """``info["action_valid"]`` of the action."""
+
+
+def rollout(tables: Tables, logits: np.ndarray, uniforms: np.ndarray) -> Rollout:
+    """Sample ``uniforms.shape[1]`` trajectories from every task's reset state (inverse-CDF sampling
+    with the given uniforms, shape (tasks, group size, max steps)), all tasks at once."""
+    n_tasks, group_size, _ = uniforms.shape
+    traj_task = np.repeat(np.arange(n_tasks), group_size)
+    noise = uniforms.reshape(n_tasks * group_size, -1)
+    state = tables.start_state[traj_task]
+    observation = tables.start_observation_id[traj_task]
+    can_act = tables.admissible.any(axis=1)  # a state without admissible actions ends the trajectory
+    alive = np.flatnonzero(can_act[state])
+    columns: list[list[np.ndarray]] = [[] for _ in range(7)]
+    for t in range(tables.max_steps):
+        if len(alive) == 0:
+            break
+        s = state[alive]
+        cumulative = np.cumsum(softmax(logits[s]), axis=1)
+        action = np.minimum((cumulative < noise[alive, t, None]).sum(axis=1), tables.admissible[s].sum(axis=1) - 1)
+        for column, values in zip(columns, (alive, traj_task[alive], s, action, observation[alive],
+                                            tables.reward[s, action], tables.valid[s, action])):
+            column.append(values)
+        state[alive] = tables.next_state[s, action]
+        observation[alive] = tables.observation_id[s, action]
+        alive = alive[state[alive] >= 0]
+        alive = alive[can_act[state[alive]]]
+    return Rollout(*(np.concatenate(column) for column in columns))
+
+
+def anchor_keys(arm: Arm, tables: Tables, batch: Rollout) -> np.ndarray:
+    """``anchors.compute_anchor_keys`` on the rows' recorded strings, as the trainer calls it."""
+    if arm.anchor == "similarity":
+        return compute_anchor_keys("similarity", observations=tables.observations[batch.observation_id].tolist(),
+                                   group_ids=batch.task)
+    states = tables.anchors[tables.anchor_id[batch.state]].tolist()
+    if arm.anchor == "context":
+        actions = tables.actions[tables.action_id[batch.state, batch.action]].tolist()
+        return compute_anchor_keys("context", states=states, actions=actions, traj_ids=batch.traj,
+                                   history_turns=arm.history_turns)
+    return compute_anchor_keys(arm.anchor, states=states)
+
+
+def policy_gradient_step(logits: np.ndarray, states: np.ndarray, actions: np.ndarray, advantages: np.ndarray,
+                         lr: float) -> None:
+    """``logits[s, a] += lr * A * (onehot(a) - pi(.|s))`` summed over rows, in place (pi before the step)."""
+    visited, inverse = np.unique(states, return_inverse=True)
+    width = logits.shape[1]
+    pi = softmax(logits[visited])
+    per_state = np.bincount(inverse, weights=advantages, minlength=len(visited))
+    per_action = np.bincount(inverse * width + actions, weights=advantages, minlength=len(visited) * width)
+    logits[visited] += lr * (per_action.reshape(len(visited), width) - per_state[:, None] * pi)
+
+
+def success_probability(tables: Tables, logits: np.ndarray) -> np.ndarray:
+    """Per task, the exact probability that a trajectory sampled from the policy wins within the
+    step limit: the state distribution pushed forward ``max_steps`` times along the policy."""
+    pi = softmax(logits)
+    win_rate = (pi * tables.won).sum(axis=1)
+    source, slot, target = tables.edges
+    weight = pi[source, slot]
+    mass = np.zeros(len(pi))
+    mass[tables.start_state] = 1.0
+    visits = np.zeros(len(pi))  # expected visits of each state before the limit
+    for _ in range(tables.max_steps):
+        visits += mass
+        mass = np.bincount(target, weights=mass[source] * weight, minlength=len(pi))
+    return np.bincount(tables.task_of_state, weights=visits * win_rate, minlength=len(tables.start_state))
+
+
+# ---- training ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class ArmResult:
+    """What one arm's training under one view measured."""
+
+    success: np.ndarray
+    """(seeds, evaluations): mean exact success over each seed's tasks."""
+    raw_abs_advantage: list[float] = field(default_factory=list)
+    """Mean |A| of each update's batch before any rescaling."""
+    grouped_fraction: list[float] = field(default_factory=list)
+    """Fraction of rows in anchor groups of two or more, per update."""
+    mean_group_size: list[float] = field(default_factory=list)
+    """Mean rows per anchor group, per update."""
+
+
+def common_noise(settings: Settings, env_index: int, max_steps: int) -> list[np.ndarray]:
+    """Per update, the uniforms every arm samples its actions with, (seeds x tasks, MAX_GROUP_SIZE,
+    max_steps): common random numbers, so arms differ only where their policies differ. Seed
+    ``s``'s numbers depend on (environment, s, update) only, not on how many seeds run."""
+    return [
+        np.concatenate([np.random.default_rng([env_index, seed, update]).random((settings.tasks, MAX_GROUP_SIZE, max_steps))
+                        for seed in range(settings.seeds)])
+        for update in range(settings.updates)
+    ]
+
+
+def evaluation_points(settings: Settings, env: TestbedEnv) -> list[int]:
+    return [u for u in range(settings.updates + 1) if u % env.eval_every == 0 or u == settings.updates]
+
+
+def per_seed(values: np.ndarray, settings: Settings) -> np.ndarray:
+    return values.reshape(settings.seeds, settings.tasks).mean(axis=1)
+
+
+def unit_mean_abs(advantages: np.ndarray, seed_of_row: np.ndarray, n_seeds: int) -> np.ndarray:
+    """Advantages rescaled so that each seed's rows have mean |A| = 1 (rows of a seed whose
+    advantages are all 0 stay 0): the ``equal`` view, where arms differ only in direction."""
+    rows = np.bincount(seed_of_row, minlength=n_seeds)
+    mean_abs = np.bincount(seed_of_row, weights=np.abs(advantages), minlength=n_seeds) / np.maximum(rows, 1)
+    scale = np.divide(1.0, mean_abs, out=np.zeros_like(mean_abs), where=mean_abs > 0)
+    return advantages * scale[seed_of_row]
+
+
+def train_arm(arm: Arm, view: str, tables: Tables, settings: Settings, noise: list[np.ndarray],
+              evaluations: list[int], initial_success: np.ndarray) -> ArmResult:
+    """Train every seed's policy with one arm for ``settings.updates`` updates; exact success at
+    each of the ``evaluations`` (update counts; the first, 0, is the uniform policy's
+    ``initial_success``, the same for every arm)."""
+    algo = resolve_algorithm(AlgorithmConfig(**arm.algo))
+    logits = initial_logits(tables)
+    result = ArmResult(np.zeros((settings.seeds, len(evaluations))))
+    result.success[:, 0] = initial_success
+    for update in range(settings.updates):
+        batch = rollout(tables, logits, noise[update][:, : arm.group_size])  # a smaller group: the first members
+        steps = StepBatch.for_credit(batch.task, batch.traj, batch.reward, anchor_key=anchor_keys(arm, tables, batch),
+                                     action_valid=batch.valid)
+        credit = compute_advantages(steps, algo)
+        advantages = credit.advantages
+        metrics = credit.metrics()
+        result.raw_abs_advantage.append(metrics["advantage/abs_mean"])
+        result.grouped_fraction.append(metrics["anchors/grouped_fraction"])
+        result.mean_group_size.append(metrics["anchors/mean_group_size"])
+        if view == "equal":
+            advantages = unit_mean_abs(advantages, batch.task // settings.tasks, settings.seeds)
+        policy_gradient_step(logits, batch.state, batch.action, advantages, settings.lr)
+        if update + 1 in evaluations:
+            result.success[:, evaluations.index(update + 1)] = per_seed(success_probability(tables, logits), settings)
+    return result
+
+
+_WORKER_STATE: dict[str, Any] = {}
+"""What forked workers read (inherited, not pickled): the environment's tables, noise and settings."""
+
+
+def _train_job(job: tuple[str, str]) -> tuple[str, str, ArmResult]:
+    view, name = job
+    shared = _WORKER_STATE
+    return view, name, train_arm(ARMS[name], view, shared["tables"], shared["settings"], shared["noise"],
+                                 shared["evaluations"], shared["initial_success"])
+
+
+def _pool(workers: int):
+    """A pool of forked workers, or None to work in this process (one worker, or no fork here)."""
+    import multiprocessing
+
+    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        return None
+    return multiprocessing.get_context("fork").Pool(workers)
+
+
+# ---- summary ----------------------------------------------------------------------------------------
+
+
+def summarize_env(results: dict[str, dict[str, ArmResult]], evaluations: list[int]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for view, arms in results.items():
+        summary[view] = {}
+        for name, result in arms.items():
+            final = result.success[:, -1]
+            mean, half = mean_interval(final)
+            curve = [mean_interval(result.success[:, i]) for i in range(result.success.shape[1])]
+            entry = {
+                "final_success": {"mean": mean, "ci95": half},
+                "curve": {"updates": evaluations, "mean": [c[0] for c in curve], "ci95": [c[1] for c in curve]},
+                "raw_mean_abs_advantage": float(np.mean(result.raw_abs_advantage)),
+                "grouped_fraction": float(np.mean(result.grouped_fraction)),
+                "mean_anchor_group_size": float(np.mean(result.mean_group_size)),
+                "per_seed_final_success": final.tolist(),
+            }
+            baseline, reference = ARMS[name].baseline, ARMS[name].reference
+            if baseline != name:
+                entry["vs_baseline"] = {"baseline": baseline,
+                                        **paired_difference(final, arms[baseline].success[:, -1]).as_dict()}
+            if reference in arms:
+                entry["vs_reference"] = {"reference": reference,
+                                         **paired_difference(final, arms[reference].success[:, -1]).as_dict()}
+            summary[view][name] = entry
+    return summary
+
+
+def write_markdown(summary: dict[str, Any], path: Path) -> None:
+    settings = summary["settings"]
+    lines = [f"Credit testbed: {settings['seeds']} paired seeds x {settings['tasks']} tasks, {settings['updates']} "
+             f"updates, lr {settings['lr']}. Success is the exact sampled success on the trained tasks after the last "
+             "update (percent); differences are paired per seed against the baseline (points).", ""]
+    for env, data in summary["envs"].items():
+        states = data["states_per_task"]
+        lines += [f"### {env}", "", f"{data['description']}. States per task: {states['mean']:.0f} (min {states['min']}, "
+                  f"max {states['max']}); uniform-policy success {100 * data['uniform_success']:.1f}%.", ""]
+        for view, arms in data["views"].items():
+            title = "Equal mean |A| per batch (primary view)" if view == "equal" else "Raw advantage scale"
+            lines += [f"{title}:", "",
+                      "| arm | final success (95% CI) | difference vs baseline (95% CI) | Wilcoxon p | wins/losses "
+                      "| difference vs gigpo (95% CI), p | rows in anchor groups >= 2 | raw mean abs(A) |",
+                      "|---|---|---|---|---|---|---|---|"]
+            for arm, r in arms.items():
+                diff, ref = r.get("vs_baseline"), r.get("vs_reference")
+                cells = ("-", "-", "-") if diff is None else (
+                    f"{100 * diff['mean']:+.1f} [{100 * diff['ci_low']:+.1f}, {100 * diff['ci_high']:+.1f}] vs {diff['baseline']}",
+                    f"{diff['wilcoxon_p']:.2g}", f"{diff['wins']}/{diff['losses']}")
+                versus = "-" if ref is None else (
+                    f"{100 * ref['mean']:+.1f} [{100 * ref['ci_low']:+.1f}, {100 * ref['ci_high']:+.1f}], {ref['wilcoxon_p']:.2g}")
+                lines.append(f"| {arm} | {100 * r['final_success']['mean']:.1f} ± {100 * r['final_success']['ci95']:.1f} | "
+                             f"{' | '.join(cells)} | {versus} | {100 * r['grouped_fraction']:.0f}% | "
+                             f"{r['raw_mean_abs_advantage']:.3f} |")
+            lines.append("")
+    path.write_text("\n".join(lines))
+
+
+def plot(summary: dict[str, Any], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    envs = summary["envs"]
+    colors = {arm: plt.cm.tab20(i % 20) for i, arm in enumerate(ARMS)}
+    for env, data in envs.items():
+        fig, axes = plt.subplots(1, len(data["views"]), figsize=(6 * len(data["views"]), 4.2), squeeze=False)
+        for ax, (view, arms) in zip(axes[0], data["views"].items()):
+            for arm, r in arms.items():
+                mean, half = np.array(r["curve"]["mean"]), np.array(r["curve"]["ci95"])
+                ax.plot(r["curve"]["updates"], 100 * mean, label=arm, marker=".", color=colors[arm],
+                        linestyle="--" if ARMS[arm].group_size > 4 else "-")
+                ax.fill_between(r["curve"]["updates"], 100 * (mean - half), 100 * (mean + half), alpha=0.1,
+                                color=colors[arm])
+            ax.set_title(f"{env}: {'equal mean |A|' if view == 'equal' else 'raw advantage scale'}")
+            ax.set_xlabel("update")
+            ax.set_ylabel("exact sampled success on the trained tasks (%)")
+            ax.grid(alpha=0.3)
+        axes[0][-1].legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        paths.append(out / f"success_{env}.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    fig, axes = plt.subplots(1, len(envs), figsize=(4.5 * len(envs), 5), squeeze=False)
+    for ax, (env, data) in zip(axes[0], envs.items()):
+        names = [arm for arm in data["views"]["equal"] if "vs_baseline" in data["views"]["equal"][arm]]
+        for offset, color, (view, arms) in zip((-0.15, 0.15), ("C0", "C1"), data["views"].items()):
+            diffs = [arms[arm]["vs_baseline"] for arm in names]
+            means = np.array([100 * d["mean"] for d in diffs])
+            errors = np.array([[100 * (d["mean"] - d["ci_low"]), 100 * (d["ci_high"] - d["mean"])] for d in diffs]).T
+            ax.errorbar(means, np.arange(len(names)) + offset, xerr=errors, fmt="o", color=color, markersize=4,
+                        capsize=2, label="equal mean |A|" if view == "equal" else "raw scale")
+        ax.set_yticks(range(len(names)), names)
+        ax.invert_yaxis()
+        ax.axvline(0, color="black", linewidth=0.8)
+        ax.set_title(env)
+        ax.set_xlabel("final success minus baseline (points)")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("Paired differences against GRPO at the same group size (95% t-intervals)")
+    fig.tight_layout()
+    paths.append(out / "paired_differences.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+# ---- main -------------------------------------------------------------------------------------------
+
+
+def run(settings: Settings, out: Path, progress=None) -> dict[str, Any]:
+    """Explore, train every arm under both views, write the outputs; returns the summary."""
+    start, cpu_start = time.perf_counter(), sum(os.times()[:4])  # this process and its finished workers
+    arms = with_baselines(settings.arms)
+    for name in arms:  # bad arm settings fail here, before any work
+        resolve_algorithm(AlgorithmConfig(**ARMS[name].algo))
+    summary: dict[str, Any] = {
+        "settings": {**vars(settings), "arms": list(arms), "envs": list(settings.envs), "views": list(VIEWS),
+                     "advantage_target_mean_abs": 1.0},
+        "arms": {name: {"algo": ARMS[name].algo, "anchor": ARMS[name].anchor, "history_turns": ARMS[name].history_turns,
+                        "group_size": ARMS[name].group_size, "baseline": ARMS[name].baseline,
+                        "reference": ARMS[name].reference} for name in arms},
+        "envs": {},
+    }
+    for env_index, env_name in enumerate(settings.envs):
+        spec = ENVIRONMENTS[env_name]
+        env_arms = [arm for arm in arms if arm not in spec.skip_arms]
+        keep_observations = any(ARMS[arm].anchor == "similarity" for arm in env_arms)
+        env_start = time.perf_counter()
+        jobs = [(env_name, task_seed(seed, task, settings.tasks), keep_observations)
+                for seed in range(settings.seeds) for task in range(settings.tasks)]
+        task = progress.add_task(f"{env_name}: exploring task state graphs", total=len(jobs)) if progress else None
+        pool = _pool(settings.workers)
+        graphs = []
+        for graph in (pool.imap(explore_task, jobs, chunksize=8) if pool else map(explore_task, jobs)):
+            graphs.append(graph)
+            if progress:
+                progress.advance(task)
+        if pool:
+            pool.close()
+            pool.join()
+        tables = build_tables(graphs)
+        states = np.array([len(g.anchors) for g in graphs])
+        del graphs
+        explore_s = time.perf_counter() - env_start
+        evaluations = evaluation_points(settings, spec)
+        initial_success = per_seed(success_probability(tables, initial_logits(tables)), settings)
+        _WORKER_STATE.update(tables=tables, settings=settings, evaluations=evaluations, initial_success=initial_success,
+                             noise=common_noise(settings, env_index, tables.max_steps))
+        jobs = [(view, name) for view in VIEWS for name in env_arms]
+        if progress:
+            progress.update(task, description=f"{env_name}: training arms x views", completed=0, total=len(jobs))
+        pool = _pool(settings.workers)  # forked now, so the workers see this environment's tables
+        results: dict[str, dict[str, ArmResult]] = {view: {} for view in VIEWS}
+        for view, name, result in (pool.imap_unordered(_train_job, jobs) if pool else map(_train_job, jobs)):
+            results[view][name] = result
+            if progress:
+                progress.advance(task)
+        if pool:
+            pool.close()
+            pool.join()
+        results = {view: {name: results[view][name] for name in env_arms} for view in VIEWS}
+        summary["envs"][env_name] = {
+            "env_id": spec.env_id, "kwargs": spec.kwargs, "description": spec.description,
+            "skipped_arms": [arm for arm in arms if arm in spec.skip_arms],
+            "states_per_task": {"mean": float(states.mean()), "min": int(states.min()), "max": int(states.max())},
+            "uniform_success": float(initial_success.mean()),
+            "explore_s": explore_s, "train_s": time.perf_counter() - env_start - explore_s,
+            "views": summarize_env(results, evaluations),
+        }
+        _WORKER_STATE.clear()
+    summary["wall_s"] = time.perf_counter() - start
+    summary["cpu_s"] = sum(os.times()[:4]) - cpu_start
+    summary["machine"] = machine_info()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_markdown(summary, out / "summary.md")
+    plot(summary, out)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: few seeds, tasks, updates and arms")
+    parser.add_argument("--envs", help=f"comma-separated subset of: {', '.join(ENVIRONMENTS)}")
+    parser.add_argument("--arms", help=f"comma-separated subset of: {', '.join(ARMS)} (their baselines are added)")
+    parser.add_argument("--seeds", type=int, help="paired seeds (default 128; --quick 6)")
+    parser.add_argument("--workers", type=int, help="worker processes (default 2; --quick 1)")
+    parser.add_argument("--out", type=Path, help="output directory")
+    args = parser.parse_args(argv)
+    settings = QUICK if args.quick else Settings()
+    overrides: dict[str, Any] = {}
+    try:
+        if args.envs:
+            overrides["envs"] = _select("environment", args.envs.split(","), ENVIRONMENTS)
+        if args.arms:
+            overrides["arms"] = _select("arm", args.arms.split(","), ARMS)
+        for name in ("seeds", "workers"):
+            value = getattr(args, name)
+            if value is not None and value < {"seeds": 2, "workers": 1}[name]:
+                raise ValueError(f"--{name} must be >= {({'seeds': 2, 'workers': 1})[name]}, got {value}")
+            if value is not None:
+                overrides[name] = value
+    except ValueError as exc:
+        parser.error(str(exc))
+    settings = Settings(**{**vars(settings), **overrides})
+    out = args.out or RESULTS_DIR / ("credit_testbed_quick" if args.quick else "credit_testbed")
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as progress:
+        run(settings, out, progress)
+    print((out / "summary.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,328 @@
+"""The learner (training/learner.py): teacher-forced logprobs with shared prefixes, micro-batch
+planning, gradient accumulation that does not depend on the split, the minibatch update, logprob
+recomputation and the frozen KL reference."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rich.progress import Progress
+
+from agent_rl.batch import StepBatch
+from agent_rl.config import load_config, resolve
+from training.learner import (
+    Learner,
+    accumulate_policy_gradient,
+    minibatch_count,
+    plan_micro_batches,
+    recompute_logprobs,
+    response_logits,
+    sequence_logprobs,
+)
+
+
+# ---- teacher-forced logprobs (response_logits, sequence_logprobs) --------------------------------------------------------------------------
+
+
+def test_sequence_logprobs_match_unpadded_forward_passes(policy):
+    model, _ = policy
+    prompts = [[1, 5, 9, 30], [1, 7], [1, 8, 8, 8, 8, 8, 8]]
+    responses = [[11, 12, 13], [40], [2, 3, 50, 60, 70]]
+    with torch.no_grad():
+        logp, mask = sequence_logprobs(model, prompts, responses, temperature=0.5)
+        assert logp.shape == mask.shape == (3, 5)
+        assert mask.tolist() == [[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1]]
+        for i, (p, r) in enumerate(zip(prompts, responses)):
+            logits = model(torch.tensor([p + r])).logits[0, len(p) - 1 : -1] / 0.5
+            expected = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(r)[:, None])[:, 0]
+            assert torch.allclose(logp[i, : len(r)], expected, atol=1e-5)
+            assert torch.all(logp[i, len(r) :] == 0)
+
+
+def test_response_logits_targets_and_mask(policy):
+    model, _ = policy
+    with torch.no_grad():
+        logits, targets, mask = response_logits(model, [[1, 5], [1, 6, 7]], [[9, 10, 11], [12]])
+        logp, _ = sequence_logprobs(model, [[1, 5], [1, 6, 7]], [[9, 10, 11], [12]])
+    assert logits.shape == (2, 3, model.config.vocab_size)
+    assert (targets * mask.long()).tolist() == [[9, 10, 11], [12, 0, 0]] and mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert torch.allclose(torch.log_softmax(logits, -1).gather(2, targets[..., None])[..., 0] * mask, logp, atol=1e-6)
+
+
+def test_a_shared_prompt_prefix_is_forwarded_once_with_unchanged_logits_and_gradients(policy):
+    model, _ = policy
+    shared = [1, 5, 9, 30, 31, 32]
+    prompts = [shared + [7], shared + [8, 8, 8], shared]  # the last prompt is all shared prefix
+    responses = [[11, 12], [40], [2, 3, 50]]
+    widths = []
+    hook = model.get_input_embeddings().register_forward_hook(lambda m, args, out: widths.append(tuple(args[0].shape)))
+    try:
+        logits, targets, mask = response_logits(model, prompts, responses)
+    finally:
+        hook.remove()
+    # All but the last token of the shortest prompt once (its last token's logits predict a response),
+    # then the rest of every prompt (at most 4 tokens) and the responses (at most 3).
+    assert widths == [(1, 5), (3, 7)]
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    logp = torch.log_softmax(logits, -1).gather(2, targets[..., None])[..., 0] * mask
+    got = torch.autograd.grad(logp.sum(), parameters)
+    expected_logp = []
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        row_logits = model(torch.tensor([p + r])).logits[0, len(p) - 1 : -1]
+        expected_logp.append(torch.log_softmax(row_logits, -1).gather(1, torch.tensor(r)[:, None])[:, 0])
+        torch.testing.assert_close(logp[i, : len(r)], expected_logp[-1], atol=1e-5, rtol=0)
+    expected = torch.autograd.grad(torch.cat(expected_logp).sum(), parameters)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
+
+
+def test_sequence_logprobs_carry_gradients(policy):
+    model, _ = policy
+    logp, mask = sequence_logprobs(model, [[1, 5, 6]], [[7, 8]])
+    (logp * mask).sum().backward()
+    assert model.lm_head.weight.grad is not None and model.lm_head.weight.grad.abs().sum() > 0
+    model.zero_grad(set_to_none=True)
+
+
+def test_sequence_logprobs_reject_bad_input(policy):
+    model, _ = policy
+    with pytest.raises(ValueError, match="prompts but"):
+        sequence_logprobs(model, [[1]], [[2], [3]])
+    with pytest.raises(ValueError, match="at least one token"):
+        sequence_logprobs(model, [[]], [[2]])
+
+
+# ---- minibatch updates -----------------------------------------------------------------------------------
+
+
+def test_minibatch_count():
+    optim = load_config().optim
+    assert optim.minibatches == 4 and optim.minibatch_size == 0
+    assert minibatch_count(10, optim) == 4
+    assert minibatch_count(3, optim) == 3  # never more minibatches than rows
+    optim.minibatch_size = 4
+    assert minibatch_count(10, optim) == 2
+    assert minibatch_count(3, optim) == 1
+
+
+def _synthetic_rows(vocab: int, n: int, seed: int):
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(8, vocab, size=rng.integers(4, 12)) for _ in range(n)]
+    responses = [rng.integers(8, vocab, size=rng.integers(1, 5)) for _ in range(n)]
+    return prompts, responses, rng.normal(size=n)
+
+
+def test_minibatch_update_does_not_depend_on_the_micro_batch_split_and_moves_the_ratios(policy):
+    """Two learners from the same weights run the same update (3 minibatches x 2 epochs) with
+    different micro-batch sizes: every optimizer step sees the same minibatch gradient. The rows are
+    on-policy for the first step only: the ratios must leave 1 afterwards and the clip act. (A small
+    lr and GRPO's token clip: at lr 3e-4 one step moves these random rows so far that every later
+    token is clipped and the later gradients are all zero.)"""
+    model, _ = policy
+    prompts, responses, advantages = _synthetic_rows(model.config.vocab_size, 9, seed=0)
+    with torch.no_grad():
+        logp, _ = sequence_logprobs(model, prompts, responses, 1.0)
+    old = [row[: len(r)].numpy() for row, r in zip(logp, responses)]
+    results, gradients = [], []
+    for size in (1, 64):
+        config = resolve(load_config(overrides=["optim.minibatches=3", "optim.epochs=2", "algo.loss=grpo", "algo.kl_coef=0",
+                                                "optim.lr=1e-5", f"optim.micro_batch_size={size}", "engine=hf"]))
+        copy_ = copy.deepcopy(model)
+        optimizer = torch.optim.AdamW(copy_.parameters(), lr=config.optim.lr)
+        seen, step = [], optimizer.step
+
+        def record(*args, seen=seen, step=step, model=copy_, **kwargs):
+            seen.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+            return step(*args, **kwargs)
+
+        optimizer.step = record
+        learner = Learner(copy_, optimizer, config, np.random.default_rng([0, 2]))
+        with Progress(disable=True) as progress:
+            results.append(learner.optimize(prompts, responses, old, advantages, progress))
+        gradients.append(seen)
+    assert len(gradients[0]) == len(gradients[1]) == 6
+    for small, large in zip(*gradients):
+        assert float(large.norm()) > 0
+        assert float((small - large).norm() / large.norm()) < 1e-3
+    for metrics in results:
+        assert metrics["update/optimizer_steps"] == 6.0
+        assert metrics["update/ratio_max"] > 1.0 + 1e-4 or metrics["update/ratio_min"] < 1.0 - 1e-4
+        assert metrics["update/clip_frac"] > 0.0
+
+
+# ---- micro-batch invariance -----------------------------------------------------------------------------
+
+
+def _tiny_model():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128,
+    )
+    return Qwen2ForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("loss", ["grpo", "dapo", "drgrpo", "gspo", "gspo_token", "cispo"])
+def test_gradient_does_not_depend_on_micro_batch_split(loss):
+    from agent_rl.config import LOSS_PRESETS
+
+    model = _tiny_model()
+    rng = np.random.default_rng(0)
+    n = 7
+    # Two tasks behind one system prompt: micro-batches forward shared prefixes once.
+    system, tasks = [1, 2, 3], [[4, 5, 6, 7], [8, 9]]
+    prompts = [np.array(system + tasks[i % 2] + list(rng.integers(3, 40, size=rng.integers(1, 6)))) for i in range(n)]
+    responses = [rng.integers(3, 40, size=rng.integers(1, 6)) for _ in range(n)]
+    old = [rng.normal(-2.5, 0.3, size=len(r)).astype(np.float32) for r in responses]
+    advantages = rng.normal(size=n)
+    advantages[[1, 4]] = 0.0  # zero-advantage rows are skipped but still count in the normalizers
+    kwargs = {**LOSS_PRESETS[loss], "kl_coef": 0.0}
+    if kwargs["loss_agg"] == "seq_mean_token_sum_norm":
+        kwargs["norm_length"] = 8
+
+    def gradient(micro_batch_size: int) -> torch.Tensor:
+        model.zero_grad(set_to_none=True)
+        accumulate_policy_gradient(
+            model, prompts, responses, old, advantages, loss_kwargs=kwargs, temperature=1.0,
+            micro_batch_size=micro_batch_size,
+        )
+        return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    whole, split_one, split_three = gradient(n), gradient(1), gradient(3)
+    assert whole.abs().sum() > 0
+    torch.testing.assert_close(split_one, whole, rtol=1e-4, atol=1e-7)
+    torch.testing.assert_close(split_three, whole, rtol=1e-4, atol=1e-7)
+
+    # The same gradient as the plain full-batch loss over every row (zero-advantage rows included).
+    from agent_rl.losses import policy_loss
+
+    model.zero_grad(set_to_none=True)
+    logp, mask = sequence_logprobs(model, prompts, responses)
+    old_padded = torch.zeros_like(logp)
+    for i, row in enumerate(old):
+        old_padded[i, : len(row)] = torch.as_tensor(row)
+    policy_loss(logp, old_padded, torch.as_tensor(advantages, dtype=torch.float32), mask, **kwargs).loss.backward()
+    reference = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    torch.testing.assert_close(whole, reference, rtol=1e-4, atol=1e-7)
+
+
+def _length_plan(prompts, responses, rows, size):
+    order = rows[np.argsort([len(prompts[i]) + len(responses[i]) for i in rows], kind="stable")]
+    return np.split(order, np.arange(size, len(order), size))
+
+
+def _tokens(plan, prompts, responses):
+    """Forwarded tokens, counted row by row: the micro-batch's shared prefix once, the rest padded."""
+    total = 0
+    for batch in plan:
+        shared = 0
+        if len(batch) > 1:
+            first = prompts[batch[0]]
+            shared = min(min(next((k for k, (a, b) in enumerate(zip(first, prompts[i])) if a != b),
+                                  min(len(first), len(prompts[i]))) for i in batch),
+                         min(len(prompts[i]) for i in batch) - 1)
+        rest = max(len(prompts[i]) for i in batch) - shared + max(len(responses[i]) for i in batch)
+        total += shared + len(batch) * rest
+    return total
+
+
+def test_micro_batch_plan_keeps_each_task_together_sorted_by_length():
+    system = [1, 2, 3]
+    task_a, task_b = [10, 11, 12, 13, 14, 15], [20, 21, 22, 23, 24, 25]
+    prompts = [np.array(system + (task_a if i % 2 else task_b) + [30] * (i % 5)) for i in range(12)]
+    responses = [np.array([7] * (1 + i % 3)) for i in range(12)]
+    plan = plan_micro_batches(prompts, responses, np.arange(12), size=4)
+    assert sorted(np.concatenate(plan).tolist()) == list(range(12))
+    assert [len(b) for b in plan] == [4, 2, 4, 2]  # no micro-batch spans the two tasks
+    for batch in plan:
+        assert len({i % 2 for i in batch}) == 1
+        totals = [len(prompts[i]) + len(responses[i]) for i in batch]
+        assert totals == sorted(totals)
+    assert _tokens(plan, prompts, responses) < _tokens(_length_plan(prompts, responses, np.arange(12), 4), prompts, responses)
+
+
+def test_micro_batch_plan_sorts_by_length_when_prompts_share_nothing():
+    prompts = [np.array([i + 1] + [5] * (i % 4)) for i in range(9)]
+    responses = [np.array([7, 8]) for _ in range(9)]
+    rows = np.array([0, 2, 3, 5, 6, 8])
+    plan = plan_micro_batches(prompts, responses, rows, size=4)
+    assert [b.tolist() for b in plan] == [b.tolist() for b in _length_plan(prompts, responses, rows, 4)]
+    assert plan_micro_batches(prompts, responses, np.array([3]), size=4)[0].tolist() == [3]
+    assert plan_micro_batches(prompts, responses, np.array([], dtype=np.int64), size=4) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    prefixes=st.lists(st.lists(st.integers(1, 6), min_size=0, max_size=6), min_size=1, max_size=4),
+    rows=st.lists(st.tuples(st.integers(0, 3), st.lists(st.integers(1, 6), max_size=5), st.integers(1, 4)),
+                  min_size=1, max_size=30),
+    size=st.integers(1, 7),
+)
+def test_micro_batch_plan_is_a_partition_that_forwards_no_more_than_sorting_by_length(prefixes, rows, size):
+    prompts = [np.array([9, *prefixes[k % len(prefixes)], *tail]) for k, tail, _ in rows]
+    responses = [np.array([1] * n) for _, _, n in rows]
+    picked = np.arange(len(rows))[::-1]
+    plan = plan_micro_batches(prompts, responses, picked, size)
+    assert sorted(np.concatenate(plan).tolist()) == sorted(picked.tolist())
+    assert all(1 <= len(batch) <= size for batch in plan)
+    assert _tokens(plan, prompts, responses) <= _tokens(_length_plan(prompts, responses, picked, size), prompts, responses)
+
+
+# ---- the rest of the learner ------------------------------------------------------------------------------
+
+
+def _rows_batch(prompts, responses, old):
+    n = len(prompts)
+    return StepBatch(
+        group_id=np.zeros(n), traj_id=np.arange(n), t=np.zeros(n), reward=np.zeros(n), done=np.ones(n),
+        truncated=np.zeros(n), action_valid=np.ones(n), won=np.zeros(n), overlong=np.zeros(n),
+        prompt_ids=prompts, response_ids=responses, old_logprobs=old, observation=[""] * n, error=[None] * n,
+        action=[""] * n, anchor_state=[""] * n,
+    )
+
+
+def test_recomputed_logprobs_are_the_models_and_the_mismatch_is_measured():
+    model = _tiny_model()
+    prompts, responses, _ = _synthetic_rows(40, 5, seed=1)
+    with torch.no_grad():
+        logp, _ = sequence_logprobs(model, prompts, responses)
+    exact = [row[: len(r)].numpy().astype(np.float32) for row, r in zip(logp, responses)]
+    shifted = [values - 0.25 for values in exact]
+    recomputed, metrics = recompute_logprobs(model, _rows_batch(prompts, responses, shifted), micro_batch_size=2, temperature=1.0)
+    for got, want in zip(recomputed, exact):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    assert metrics["update/logprob_mismatch_mean"] == pytest.approx(0.25, abs=1e-4)
+    assert metrics["update/logprob_mismatch_max"] == pytest.approx(0.25, abs=1e-4)
+
+
+def test_an_update_without_rows_learns_nothing():
+    model = _tiny_model()
+    before = [p.detach().clone() for p in model.parameters()]
+    learner = Learner(model, torch.optim.AdamW(model.parameters(), lr=1e-2), resolve(load_config(overrides=["engine=hf"])),
+                      np.random.default_rng(0))
+    with Progress(disable=True) as progress:
+        assert learner.update(None, None, progress) == {}
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_the_kl_reference_is_a_frozen_copy_of_the_given_weights(tmp_path):
+    model = _tiny_model()
+    model.save_pretrained(tmp_path / "sft")
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(1.0)
+    learner = Learner(model, torch.optim.AdamW(model.parameters()), resolve(load_config(overrides=["engine=hf"])),
+                      np.random.default_rng(0))
+    learner.freeze_reference(tmp_path / "sft")
+    saved = _tiny_model()  # the same seed: the weights that were saved
+    for ours, theirs, current in zip(learner.reference.parameters(), saved.parameters(), model.parameters()):
+        assert torch.equal(ours, theirs) and not torch.equal(ours, current) and not ours.requires_grad
+    learner.freeze_reference()
+    assert all(torch.equal(a, b) for a, b in zip(learner.reference.parameters(), model.parameters()))

@@ -1,0 +1,76 @@
+"""Run logging (training/logger.py): metrics.jsonl, TensorBoard event files and the console table."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from rich.console import Console
+
+from training.logger import METRICS_FILE, RunLogger, iteration_table, read_metrics
+
+
+def test_metrics_jsonl_holds_one_sorted_record_per_iteration_and_non_finite_values_as_null(tmp_path):
+    logger = RunLogger(tmp_path, tensorboard=False)
+    logger.log(0, {"eval/greedy_success": 0.5, "sft/loss": 1.25})
+    logger.log(1, {"rollout/success_rate": 0.75, "update/approx_kl": math.nan, "time/update": math.inf})
+    logger.close()
+    lines = (tmp_path / METRICS_FILE).read_text().splitlines()
+    assert [list(json.loads(line)) for line in lines] == [  # keys sorted: records diff line by line
+        ["eval/greedy_success", "iteration", "sft/loss"],
+        ["iteration", "rollout/success_rate", "time/update", "update/approx_kl"],
+    ]
+    assert read_metrics(tmp_path) == [
+        {"iteration": 0, "eval/greedy_success": 0.5, "sft/loss": 1.25},
+        {"iteration": 1, "rollout/success_rate": 0.75, "time/update": None, "update/approx_kl": None},
+    ]
+    assert read_metrics(tmp_path / "elsewhere") == []
+
+
+def test_a_new_run_starts_a_fresh_file_and_a_resumed_one_drops_iterations_after_its_checkpoint(tmp_path):
+    logger = RunLogger(tmp_path, tensorboard=False)
+    for iteration in range(4):
+        logger.log(iteration, {"rollout/return": float(iteration)})
+    # A run killed after iteration 3 whose last checkpoint is iteration 1 redoes 2 and 3.
+    resumed = RunLogger(tmp_path, tensorboard=False, resume_iteration=1)
+    assert [r["iteration"] for r in read_metrics(tmp_path)] == [0, 1]
+    resumed.log(2, {"rollout/return": 20.0})
+    assert [r["rollout/return"] for r in read_metrics(tmp_path)] == [0.0, 1.0, 20.0]
+    RunLogger(tmp_path, tensorboard=False)
+    assert read_metrics(tmp_path) == []
+
+
+def test_tensorboard_gets_every_finite_scalar(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logger = RunLogger(tmp_path, tensorboard=True)
+    logger.log(0, {"eval/greedy_success": 0.25, "update/approx_kl": math.nan})
+    logger.log(1, {"eval/greedy_success": 0.5})
+    logger.close()
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert events.Tags()["scalars"] == ["eval/greedy_success"]
+    assert [(e.step, e.value) for e in events.Scalars("eval/greedy_success")] == [(0, 0.25), (1, 0.5)]
+
+
+def test_console_table_shows_the_columns_and_a_dash_for_missing_metrics():
+    console = Console(record=True, width=200)
+    record = {"iteration": 3, "rollout/success_rate": 0.625, "rollout/return": 0.5, "eval/greedy_success": 0.875,
+              "time/rollout": 4.4, "time/update": 11.6}
+    console.print(iteration_table(record))
+    header, *rows = [line for line in console.export_text().splitlines() if line.strip()]
+    assert header.split() == ["it", "succ", "ret", "len", "inval", "clip", "kl", "ent", "anch", "eval", "s", "r/a/u/s/e"]
+    cells = rows[-1].split()
+    assert cells[:5] == ["3", "0.62", "0.50", "-", "-"] and cells[-2:] == ["0.88", "4/0/12/0/0"]
+
+
+def test_logger_prints_the_table_of_each_record(tmp_path):
+    console = Console(record=True, width=200)
+    logger = RunLogger(tmp_path, tensorboard=False, console=console)
+    logger.log(7, {"rollout/success_rate": 1.0})
+    row = console.export_text().splitlines()[-1].split()
+    assert row[:3] == ["7", "1.00", "-"]
+    with pytest.raises(ValueError):  # a metric that is not a number is refused before anything is written
+        logger.log(8, {"rollout/success_rate": "high"})
+    assert [r["iteration"] for r in read_metrics(tmp_path)] == [7]

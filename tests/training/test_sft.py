@@ -1,0 +1,185 @@
+"""The supervised warm start (training/sft.py): demonstrations in both modes, perturbation, and the
+supervised step."""
+
+from __future__ import annotations
+
+import re
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import user_env_example  # noqa: F401  (registers usertest/Counter-v0)
+from agent_rl.config import RolloutConfig
+from envs import oracle_actions
+from training.envpool import RegisteredEnv
+from training.prompts import PromptFormat, Turn
+from training.sft import Demonstrations, collect_demonstrations, supervised_step, train_supervised
+
+COUNTER = RegisteredEnv("usertest/Counter-v0", {"max_target": 5, "max_steps": 40})
+
+
+@pytest.fixture(scope="module")
+def tokenizer(policy):
+    return policy[1]
+
+
+def _pairs(demos: Demonstrations, tokenizer):
+    """(target, counter value, actions in the history, cloned action) of each Counter demonstration."""
+    pairs = []
+    for prompt, response in zip(demos.prompts, demos.responses):
+        text = tokenizer.decode(prompt, skip_special_tokens=True)
+        target = int(re.search(r"equal (\d+)", text).group(1))
+        value = int(re.search(r"\[Current observation\]\s*The counter shows (-?\d+)", text).group(1))
+        history = re.findall(r"\[Action \d+\]\s*(\w+)", text)
+        pairs.append((target, value, history, tokenizer.decode(response, skip_special_tokens=True)))
+    return pairs
+
+
+def _counter_demonstrations(tokenizer, perturb: float, episodes: int = 20):
+    config = RolloutConfig(max_turns=40, history_turns=40, max_prompt_tokens=2048)
+    demos = collect_demonstrations(COUNTER, tokenizer, config, mode="oracle", seeds=range(episodes),
+                                   rng=np.random.default_rng(0), perturb=perturb)
+    return demos, _pairs(demos, tokenizer)
+
+
+def test_oracle_demonstrations_clone_the_plan(tokenizer):
+    demos, pairs = _counter_demonstrations(tokenizer, perturb=0.0)
+    assert demos.successes == demos.episodes == 20
+    assert all(action == "inc" and history == ["inc"] * value for _, value, history, action in pairs)
+    # One pair per step of each episode's plan: 0 -> target.
+    assert len(pairs) == sum(target for target, value, _, _ in pairs if value == 0)
+    # The response is the action then EOS, as an engine writes it.
+    assert all(response[-1] == tokenizer.eos_token_id for response in demos.responses)
+
+
+def test_perturbed_demonstrations_clone_the_oracle_from_where_a_random_action_led(tokenizer):
+    demos, pairs = _counter_demonstrations(tokenizer, perturb=0.4)
+    assert demos.successes == demos.episodes
+    # Every cloned action is the oracle's from the state shown, even after detours ...
+    assert all(action == ("inc" if value < target else "dec") for target, value, _, action in pairs)
+    # ... and the histories hold random actions that were played but not cloned.
+    assert any("dec" in history for _, _, history, _ in pairs)
+    with pytest.raises(ValueError, match="perturb must be in"):
+        _counter_demonstrations(tokenizer, perturb=1.0, episodes=1)
+
+
+def test_random_demonstrations_clone_admissible_actions_in_the_rollout_format(tokenizer):
+    config = RolloutConfig(max_turns=3, history_turns=1, parser="action_tag", system_prompt="")
+    demos = collect_demonstrations(COUNTER, tokenizer, config, mode="random", seeds=[0, 1, 2], rng=np.random.default_rng(4))
+    assert len(demos) == 9 and demos.episodes == 3  # no Counter episode ends within 3 random steps of 5
+    texts = [tokenizer.decode(r, skip_special_tokens=True) for r in demos.responses]
+    assert set(texts) <= {"<action>inc</action>", "<action>dec</action>"} and len(set(texts)) == 2
+    first = tokenizer.decode(demos.prompts[0])
+    assert "<|system|>" not in first and "Admissible actions: inc | dec" in first
+
+
+def _reference_demonstrations(make_env, tokenizer, config: RolloutConfig, mode: str, seeds, rng, perturb: float):
+    """The warm start's demonstrations written as one plain loop over a single environment."""
+    fmt = PromptFormat.from_rollout(config)
+    env = make_env()
+    prompts, responses = [], []
+    for seed in seeds:
+        observation, info = env.reset(seed=int(seed))
+        plan = oracle_actions(env) if mode == "oracle" else []
+        history: list[Turn] = []
+        for _ in range(config.max_turns):
+            admissible = info.get("admissible_actions")
+            if mode == "oracle":
+                if not plan:
+                    break
+                if perturb and rng.random() < perturb:
+                    candidates = [*(admissible or []), *plan]
+                    action = candidates[int(rng.integers(len(candidates)))]
+                    history.append(Turn(observation, action))
+                    observation, _, terminated, truncated, info = env.step(action)
+                    if terminated or truncated:
+                        break
+                    plan = oracle_actions(env)
+                    continue
+                action = plan.pop(0)
+            else:
+                action = admissible[int(rng.integers(len(admissible)))]
+            prompts.append(fmt.prompt_ids(tokenizer, info["task"], history, observation, admissible))
+            responses.append(tokenizer(fmt.response_text(action), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])
+            history.append(Turn(observation, action))
+            observation, _, terminated, truncated, info = env.step(action)
+            if terminated or truncated:
+                break
+    return prompts, responses
+
+
+@pytest.mark.parametrize("mode, perturb", [("oracle", 0.0), ("oracle", 0.3), ("random", 0.0)])
+def test_demonstrations_follow_the_seeds_and_random_draws_in_episode_order(tokenizer, mode, perturb):
+    """The episode loop plays demonstrations exactly as a plain per-episode loop does: same pairs,
+    same order, the same random draws (Maze: locked doors, keys, dead ends)."""
+    make_env = RegisteredEnv("agent_rl/Maze-v0", {"n_rooms": 4, "n_locked_doors": 1, "dead_ends": 1, "max_steps": 12})
+    config = RolloutConfig(max_turns=10, history_turns=1)
+    seeds = [3, 17, 29, 41]
+    demos = collect_demonstrations(make_env, tokenizer, config, mode=mode, seeds=seeds, rng=np.random.default_rng(9),
+                                   perturb=perturb)
+    prompts, responses = _reference_demonstrations(make_env, tokenizer, config, mode, seeds, np.random.default_rng(9), perturb)
+    assert len(demos) > len(seeds)
+    assert demos.prompts == prompts and demos.responses == responses
+
+
+class _BareTextEnv(gym.Env):
+    """A plain Gymnasium text env: no admissible actions in ``info`` and no oracle."""
+
+    observation_space = gym.spaces.Text(16)
+    action_space = gym.spaces.Text(16)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return "start", {}
+
+    def step(self, action):
+        return "start", 0.0, False, False, {}
+
+
+@pytest.mark.parametrize(
+    "mode, message",
+    [("oracle", "sft.mode=oracle needs an environment with an oracle\\(\\) method and _BareTextEnv has none"),
+     ("random", "sft.mode=random needs an environment with info\\['admissible_actions'\\]"),
+     ("expert", "SFT mode must be 'random' or 'oracle'")],
+)
+def test_demonstrations_name_what_the_environment_lacks(tokenizer, mode, message):
+    with pytest.raises(ValueError, match=message):
+        collect_demonstrations(_BareTextEnv, tokenizer, RolloutConfig(max_turns=2), mode=mode, seeds=[0],
+                               rng=np.random.default_rng(0))
+
+
+def _tiny_lm(vocab_size: int):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    return Qwen2ForCausalLM(config)
+
+
+def test_supervised_step_is_the_mean_token_cross_entropy_of_the_responses():
+    model = _tiny_lm(20)
+    prompts, responses = [[1, 2, 3], [4, 5]], [[6, 7], [8]]
+    with torch.no_grad():
+        expected = []
+        for prompt, response in zip(prompts, responses):
+            logits = model(torch.tensor([prompt + response])).logits[0]
+            logp = torch.log_softmax(logits.float(), -1)
+            expected += [-logp[len(prompt) - 1 + k, token] for k, token in enumerate(response)]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    loss, accuracy = supervised_step(model, optimizer, prompts, responses)
+    assert loss == pytest.approx(float(torch.stack(expected).mean()), rel=1e-5)
+    assert 0.0 <= accuracy <= 1.0
+
+
+def test_supervised_training_learns_a_fixed_reply():
+    model = _tiny_lm(12)
+    demos = Demonstrations(prompts=[[1, 2, 3], [1, 4], [5, 2, 2]], responses=[[9, 10]] * 3, episodes=3, successes=1)
+    metrics = train_supervised(model, demos, steps=60, lr=1e-2, batch_size=2, rng=np.random.default_rng(0), progress=False)
+    assert metrics["sft/token_accuracy"] == 1.0 and metrics["sft/loss"] < 0.1
+    assert metrics["sft/pairs"] == 3 and metrics["sft/demo_success_rate"] == pytest.approx(1 / 3)
+    assert not model.training
+    with pytest.raises(ValueError, match="no SFT demonstrations"):
+        train_supervised(model, Demonstrations([], [], 1, 0), steps=1, lr=1e-3, batch_size=1, rng=np.random.default_rng(0))

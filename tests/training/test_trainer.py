@@ -1,0 +1,297 @@
+"""The RL trainer (training/trainer.py): short end-to-end runs (GRPO, GiGPO), exact resume (also of
+runs written before configs were resolved), objects in (model, tokenizer, engine, environment
+factory), config/env errors, a user env through the CLI, and a short run that really learns."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from agent_rl.config import load_config
+from training import checkpoint
+from training.logger import read_metrics
+from training.trainer import Trainer, train
+
+TESTS = Path(__file__).resolve().parents[1]  # tests/, which holds user_env_example.py
+# Two rooms, no doors: the goal item lies one move away. Small enough for seconds-long runs.
+TINY_MAZE = "env.kwargs={n_rooms: 2, n_locked_doors: 0, dead_ends: 0, extra_edges: 0, n_distractors: 0, max_steps: 4}"
+
+
+def tiny_overrides(run_dir: Path, *extra: str) -> list[str]:
+    return [
+        TINY_MAZE, "engine=hf", f"trainer.run_dir={run_dir}", "trainer.iterations=2", "trainer.eval_every=2",
+        "trainer.eval_episodes=2", "trainer.eval_sampled=false", "trainer.target_success=null",
+        "rollout.n_groups=2", "rollout.group_size=2", "rollout.max_turns=3", "rollout.history_turns=1",
+        "rollout.max_new_tokens=8", "sft.steps=2", "sft.episodes=2", "sft.batch_size=4",
+        "optim.micro_batch_size=4", "logging.console=false", "algo.kl_coef=0", *extra,
+    ]
+
+
+# ---- end to end ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["grpo", "gigpo"])
+def test_short_run_writes_logs_checkpoints_and_config(tmp_path, algo):
+    run_dir = tmp_path / algo
+    reported = []
+    summary = train(load_config(overrides=tiny_overrides(run_dir, f"algo={algo}", "logging.tensorboard=true")),
+                    on_iteration=lambda iteration, metrics: reported.append((iteration, dict(metrics))))
+    assert summary["iterations"] == 2
+    records = read_metrics(run_dir)
+    assert [r["iteration"] for r in records] == [0, 1, 2]
+    # The callback sees every logged iteration with the metrics that were logged.
+    assert [i for i, _ in reported] == [0, 1, 2]
+    assert [m["time/elapsed"] for _, m in reported] == [r["time/elapsed"] for r in records]
+    assert reported[0][1]["eval/greedy_success"] == records[0]["eval/greedy_success"]
+    assert "eval/greedy_success" in records[0] and "eval/greedy_success" in records[2]
+    assert "sft/token_accuracy" in records[0]
+    for key in ("rollout/success_rate", "rollout/invalid_rate", "anchors/grouped_fraction", "time/rollout", "time/update"):
+        assert key in records[1], key
+    assert load_config(run_dir / "config.yaml").algo.preset == algo
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert checkpoint.find_checkpoint(run_dir, "last").iteration == 2
+    assert checkpoint.find_checkpoint(run_dir, "sft").iteration == 0
+    checkpoint.find_checkpoint(run_dir, "best")
+
+
+@pytest.mark.slow
+def test_resume_continues_exactly(tmp_path, monkeypatch):
+    overrides = ["trainer.iterations=4", "trainer.eval_every=2", "rollout.n_groups=2", "rollout.group_size=3"]
+    straight_dir, resumed_dir = tmp_path / "straight", tmp_path / "resumed"
+    train(load_config(overrides=tiny_overrides(straight_dir, *overrides)))
+
+    # Kill the second run right after its iteration-2 checkpoint is on disk.
+    real_save = checkpoint.save_checkpoint
+
+    def save_then_die(run_dir, iteration, **kwargs):
+        path = real_save(run_dir, iteration, **kwargs)
+        if iteration == 2:
+            raise KeyboardInterrupt("simulated kill")
+        return path
+
+    monkeypatch.setattr(checkpoint, "save_checkpoint", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        train(load_config(overrides=tiny_overrides(resumed_dir, *overrides)))
+    monkeypatch.setattr(checkpoint, "save_checkpoint", real_save)
+    torch.manual_seed(123), np.random.seed(123), random.seed(123)  # the resume must restore every RNG
+    train(load_config(resumed_dir / "config.yaml"), resume=True)
+
+    def comparable(run_dir):
+        return [{k: v for k, v in r.items() if not k.startswith("time/") and k != "rollout/tokens_per_s"} for r in read_metrics(run_dir)]
+
+    assert [r["iteration"] for r in read_metrics(resumed_dir)] == [0, 1, 2, 3, 4]
+    assert comparable(resumed_dir) == comparable(straight_dir)
+    a = checkpoint.find_checkpoint(straight_dir, "last").model_dir
+    b = checkpoint.find_checkpoint(resumed_dir, "last").model_dir
+    from safetensors.torch import load_file
+
+    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.slow
+def test_resume_refuses_a_changed_config(tmp_path):
+    run_dir = tmp_path / "run"
+    train(load_config(overrides=tiny_overrides(run_dir, "trainer.iterations=1")))
+    changed = load_config(run_dir / "config.yaml", ["trainer.seed=5"])
+    with pytest.raises(checkpoint.CheckpointError, match="different config: trainer.seed"):
+        Trainer.from_config(changed, resume=True)
+    with pytest.raises(FileExistsError, match="--resume"):
+        Trainer.from_config(load_config(run_dir / "config.yaml"))
+
+
+@pytest.mark.slow
+def test_only_rank_zero_decides_whether_the_run_directory_is_taken(tmp_path, monkeypatch):
+    """Rank 0 writes its iteration-0 checkpoint before a slow rank 1 may look; rank 1 must follow rank
+    0's "fresh directory" verdict instead of refusing the checkpoint rank 0 just wrote (CI race)."""
+    import training.trainer as trainer_module
+    from training.distributed import DistContext
+
+    run_dir = tmp_path / "run"
+    train(load_config(overrides=tiny_overrides(run_dir, "trainer.iterations=0")))
+    verdicts = []
+    monkeypatch.setattr(trainer_module, "init_distributed", lambda device: DistContext(rank=1, world_size=2))
+    monkeypatch.setattr(checkpoint, "broadcast_flag", lambda value, ctx: verdicts.append(value) or False)
+    Trainer.from_config(load_config(run_dir / "config.yaml"))
+    assert verdicts == [False]  # rank 1 offered no verdict of its own
+
+
+def _as_written_before_resolution(run_dir: Path, config: dict) -> None:
+    """Rewrite a run directory's config.yaml and last checkpoint the way the trainer wrote them before
+    configs were resolved: ``config`` as given (``auto``, nulls), the manifest updated to match."""
+    import hashlib
+
+    import yaml
+
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    path = checkpoint.find_checkpoint(run_dir, "last").path
+    state = json.loads((path / "state.json").read_text())
+    (path / "state.json").write_text(json.dumps({**state, "config": config}, indent=1, sort_keys=True))
+    manifest = json.loads((path / checkpoint.MANIFEST).read_text())
+    data = (path / "state.json").read_bytes()
+    manifest["files"]["state.json"] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    (path / checkpoint.MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+
+
+@pytest.mark.slow
+def test_a_run_written_before_configs_were_resolved_still_resumes(tmp_path):
+    from agent_rl.config import config_to_dict
+
+    run_dir = tmp_path / "old"
+    overrides = tiny_overrides(run_dir, "trainer.iterations=1")
+    train(load_config(overrides=overrides))
+    assert load_config(run_dir / "config.yaml").algo.advantage == "drgrpo"  # written resolved
+    old = config_to_dict(load_config(overrides=[*overrides, "engine=auto"]))  # what a default run recorded
+    assert old["engine"]["kind"] == "auto" and old["env"]["anchor_key"] is None and old["algo"]["loss"] is None
+    _as_written_before_resolution(run_dir, old)
+
+    summary = train(load_config(run_dir / "config.yaml", ["trainer.iterations=2", "engine=hf"]), resume=True)
+    assert summary["iterations"] == 2
+    assert [r["iteration"] for r in read_metrics(run_dir)] == [0, 1, 2]
+    assert load_config(run_dir / "config.yaml").env.anchor_key == "state"  # rewritten resolved
+    # A real difference is still refused, named by its resolved key.
+    _as_written_before_resolution(run_dir, {**old, "algo": {**old["algo"], "preset": "grpo"}})
+    with pytest.raises(checkpoint.CheckpointError, match="different config: algo.advantage, algo.loss, "):
+        Trainer.from_config(load_config(run_dir / "config.yaml", ["algo=gigpo", "engine=hf", "trainer.iterations=3"]),
+                            resume=True)
+
+
+class _GuessEnv(gym.Env):
+    """A plain Gymnasium text env, never registered: name the seeded number from 1 to 3."""
+
+    observation_space = action_space = gym.spaces.Text(64, charset="0123456789 .:abcdefghijklmnopqrstuvwxyzGRW!")
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.target = str(self.np_random.integers(1, 4))
+        return "guess a number: 1 2 3", {"admissible_actions": ["1", "2", "3"]}
+
+    def step(self, action):
+        won = action == self.target
+        return ("Right!" if won else "Wrong."), float(won), True, False, {"won": won, "admissible_actions": ["1", "2", "3"]}
+
+
+@pytest.mark.slow
+def test_trainer_takes_a_model_tokenizer_engine_and_environment_factory(tmp_path):
+    from training.engines import HFEngine
+    from training.policy import load_policy
+
+    model, tokenizer = load_policy("embedded")
+    engine = HFEngine(model, tokenizer, seed=7)
+    config = load_config(overrides=tiny_overrides(tmp_path / "objects", "env.id=Guess", "sft.mode=random", "trainer.iterations=1"))
+    trainer = Trainer(config, model=model, tokenizer=tokenizer, make_env=_GuessEnv, engine=engine)
+    try:
+        assert trainer.engine is engine and trainer.pool.env_id == "_GuessEnv"
+        assert trainer.config.env.anchor_key == "observation"  # an unregistered env: the generic key
+        summary = trainer.run()
+    finally:
+        trainer.close()
+    assert summary["iterations"] == 1 and engine.calls > 0
+    records = read_metrics(tmp_path / "objects")
+    assert [r["iteration"] for r in records] == [0, 1] and records[1]["rollout/length"] == 1.0
+    # train() builds only what is not given.
+    summary = train(load_config(overrides=tiny_overrides(tmp_path / "factory", "env.id=Guess", "sft.mode=random",
+                                                         "trainer.iterations=1")), make_env=_GuessEnv)
+    assert summary["iterations"] == 1
+    with pytest.raises(ValueError, match="sft.mode=oracle needs an environment with an oracle"):
+        train(load_config(overrides=tiny_overrides(tmp_path / "oracle", "env.id=Guess")), make_env=_GuessEnv)
+
+
+def test_unknown_environment_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="config key 'env.id': unknown environment 'nope/Nothing-v0'"):
+        Trainer.from_config(load_config(overrides=tiny_overrides(tmp_path, "env.id=nope/Nothing-v0", "env.kwargs={}")))
+
+
+@pytest.mark.slow
+def test_user_registered_env_trains_through_the_cli(tmp_path):
+    run_dir = tmp_path / "counter"
+    env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    overrides = [o for o in tiny_overrides(run_dir, "trainer.iterations=1") if not o.startswith("env.kwargs")]
+    command = [sys.executable, "-m", "agent_rl.cli", "train", "--import", "user_env_example",
+               "env.id=usertest/Counter-v0", "env.kwargs={max_target: 2, max_steps: 3}", *overrides]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert [r["iteration"] for r in read_metrics(run_dir)] == [0, 1]
+    assert load_config(run_dir / "config.yaml").env.imports == ["user_env_example"]
+    # And it evaluates through the CLI.
+    out = tmp_path / "eval.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "agent_rl.cli", "eval", str(run_dir), "--episodes", "2", "--json", str(out)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(out.read_text())["env"] == "usertest/Counter-v0"
+
+
+def test_cli_reports_bad_config_in_one_line(capsys):
+    from agent_rl.cli import main
+
+    assert main(["train", "trainer.iteratons=5"]) == 2
+    assert "unknown config key 'trainer.iteratons' (did you mean 'trainer.iterations'?)" in capsys.readouterr().err
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["grpo", "gigpo"])
+def test_short_run_with_vllm(tmp_path, algo):
+    pytest.importorskip("vllm")
+    run_dir = tmp_path / "vllm"
+    summary = train(load_config(overrides=tiny_overrides(run_dir, "engine=vllm", f"algo={algo}")))
+    assert summary["iterations"] == 2
+    assert [r["iteration"] for r in read_metrics(run_dir)] == [0, 1, 2]
+
+
+# ---- learning is real --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_policy_dir(tmp_path_factory) -> Path:
+    """A 0.15M-parameter Qwen2 with the embedded tokenizer: the same code path as the embedded model,
+    fast enough to learn within a test."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from training.policy import load_policy
+
+    embedded, tokenizer = load_policy("embedded")
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=embedded.config.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True,
+        bos_token_id=embedded.config.bos_token_id, eos_token_id=embedded.config.eos_token_id,
+        pad_token_id=embedded.config.pad_token_id,
+    )
+    path = tmp_path_factory.mktemp("small_policy")
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.mark.slow
+def test_learning_is_real_on_a_tiny_maze(tmp_path, small_policy_dir):
+    # Three rooms (24 layouts, about half of them held out): move once or twice, then take the goal
+    # item. SFT on random admissible actions teaches the format only; greedy decoding of that policy
+    # rarely wins. GiGPO must learn the task, and on layouts it never trained on.
+    run_dir = tmp_path / "learn"
+    overrides = [
+        "env.kwargs={n_rooms: 3, n_locked_doors: 0, dead_ends: 0, extra_edges: 0, n_distractors: 0, max_steps: 6}",
+        "engine=hf", f"policy={small_policy_dir}", f"trainer.run_dir={run_dir}", "trainer.iterations=12",
+        "trainer.eval_every=12", "trainer.eval_episodes=32", "trainer.eval_sampled=false", "trainer.target_success=null",
+        "rollout.n_groups=4", "rollout.group_size=8", "rollout.max_turns=6", "rollout.history_turns=0",
+        "rollout.max_new_tokens=8", "sft.mode=random", "sft.steps=300", "sft.episodes=32", "sft.batch_size=16", "sft.lr=3e-3",
+        "optim.lr=1e-3", "algo=gigpo", "algo.kl_coef=0", "logging.console=false", "logging.tensorboard=false",
+    ]
+    train(load_config(overrides=overrides))
+    records = read_metrics(run_dir)
+    before, after = records[0]["eval/greedy_success"], records[-1]["eval/greedy_success"]
+    assert records[-1]["iteration"] == 12
+    assert after >= before + 0.5, (before, after)

@@ -1,0 +1,122 @@
+"""Evaluation on held-out seeds: during training (greedy, sampled, and a confirmation before
+stopping at the target), and of a finished run or model directory (``agent-rl eval``).
+
+Seeds from ``envs.EVAL_SEED_BASE`` (2**31) on are evaluation seeds: training draws its seeds below
+them and no environment reaches a training instance from one, so evaluation is always held out.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from rich.console import Console
+
+from agent_rl.config import Config, RolloutConfig, load_config, resolve
+from envs import EVAL_SEED_BASE
+from training.engines import Engine, engine_from_config
+from training.envpool import EnvFactory, EnvPool, env_factory, env_pool
+from training.prompts import PromptFormat
+from training.rollout import SEED_HIGH, PlayStats, PolicyActor, episode_stats, play_episodes, sampling_params
+
+assert EVAL_SEED_BASE > SEED_HIGH  # training seeds are drawn below SEED_HIGH
+
+
+def eval_seeds(episodes: int) -> list[int]:
+    """The first ``episodes`` held-out seeds."""
+    return [EVAL_SEED_BASE + i for i in range(episodes)]
+
+
+def evaluate(
+    envs: EnvPool | EnvFactory,
+    engine: Engine,
+    tokenizer,
+    seeds: Sequence[int],
+    *,
+    greedy: bool = True,
+    config: RolloutConfig | None = None,
+    progress: Any = None,
+) -> dict[str, float]:
+    """Play one episode per seed (greedy, or sampled with ``config``'s temperature/top-p) and report
+    ``success_rate``, ``mean_length``, ``mean_return``, ``n`` and the other ``episode_stats``."""
+    if len(seeds) == 0:
+        raise ValueError("evaluate needs at least one seed")
+    config = config or RolloutConfig()
+    play = PlayStats()
+    actor = PolicyActor(engine, tokenizer, PromptFormat.from_rollout(config), sampling_params(config, greedy), play)
+    start = time.perf_counter()
+    with env_pool(envs, len(seeds)) as pool:
+        episodes = play_episodes(pool, actor, seeds, range(len(seeds)), config, play, progress)
+    stats = episode_stats(episodes, play, time.perf_counter() - start)
+    stats["n"] = float(len(seeds))
+    return stats
+
+
+def evaluate_heldout(envs: EnvPool | EnvFactory, engine: Engine, tokenizer, config: Config, progress: Any = None) -> dict[str, float]:
+    """Greedy (and, with ``trainer.eval_sampled``, sampled) success on ``trainer.eval_episodes``
+    held-out seeds; when greedy success reaches ``trainer.target_success``, a greedy confirmation on
+    ``trainer.confirm_episodes`` held-out seeds (``eval/confirm_greedy_*``) decides whether to stop."""
+    trainer = config.trainer
+
+    def run(episodes: int, mode: str, name: str) -> dict[str, float]:
+        stats = evaluate(envs, engine, tokenizer, eval_seeds(episodes), greedy=mode == "greedy", config=config.rollout,
+                         progress=progress)
+        return {
+            f"eval/{name}_success": stats["success_rate"],
+            f"eval/{name}_length": stats["mean_length"],
+            f"eval/{name}_invalid_rate": stats["invalid_action_rate"],
+        }
+
+    metrics = {}
+    for mode in ("greedy", "sampled") if trainer.eval_sampled else ("greedy",):
+        metrics.update(run(trainer.eval_episodes, mode, mode))
+    target = trainer.target_success
+    if trainer.confirm_episodes and target is not None and metrics["eval/greedy_success"] >= target:
+        metrics.update(run(trainer.confirm_episodes, "greedy", "confirm_greedy"))
+    return metrics
+
+
+def evaluate_policy(
+    target: str | Path,
+    *,
+    overrides: list[str] | tuple[str, ...] = (),
+    env_id: str | None = None,
+    episodes: int | None = None,
+    which: str = "best",
+    sampled: bool = False,
+    console: Console | None = None,
+) -> dict[str, Any]:
+    """Evaluate a run directory (its ``best``/``last`` checkpoint, its config) or a model directory
+    (embedded/default config) on held-out seeds; returns the eval metrics (``agent-rl eval``)."""
+    from training import checkpoint
+    from training.distributed import resolve_device
+    from training.policy import load_policy
+
+    target = Path(target)
+    console = console or Console()
+    is_run = (target / "config.yaml").is_file()
+    base = list(overrides)
+    if env_id is not None:
+        base.insert(0, f"env.id={env_id}")
+        if is_run and env_id != load_config(target / "config.yaml").env.id:
+            base.insert(0, "env.kwargs={}")  # another environment's constructor arguments do not carry over
+    config = load_config(target / "config.yaml" if is_run else None, base)
+    if episodes is not None:
+        config.trainer.eval_episodes = episodes
+    config = resolve(config)
+    make_env = env_factory(config)
+    model_dir = checkpoint.find_checkpoint(target, which).model_dir if is_run else target
+    model, tokenizer = load_policy(model_dir, device=resolve_device(config.policy.device))
+    engine = engine_from_config(config, model, tokenizer)
+    try:
+        seeds = eval_seeds(config.trainer.eval_episodes)
+        results: dict[str, Any] = {"model": str(model_dir), "env": config.env.id, "episodes": len(seeds)}
+        for mode in ("greedy", "sampled") if sampled else ("greedy",):
+            stats = evaluate(make_env, engine, tokenizer, seeds, greedy=mode == "greedy", config=config.rollout)
+            results.update({f"{mode}_{k}": v for k, v in stats.items() if k in ("success_rate", "mean_length", "mean_return", "invalid_action_rate")})
+    finally:
+        engine.close()
+    for key, value in results.items():
+        console.print(f"{key:>28}: {value:.3f}" if isinstance(value, float) else f"{key:>28}: {value}")
+    return results

@@ -1,0 +1,372 @@
+"""The learner: teacher-forced logprobs of responses, and the policy-gradient update.
+
+- ``response_logits`` / ``sequence_logprobs``: the logits and logprobs of response tokens given
+  their prompts, forwarding the prefix that all prompts of a batch share once.
+- ``plan_micro_batches``: rows split into micro-batches that forward the fewest tokens.
+- ``accumulate_policy_gradient``: one minibatch's gradient, micro-batch by micro-batch; it does not
+  depend on the split.
+- :class:`Learner`: the PPO-style update of one iteration: epochs of shuffled minibatches, one AdamW
+  step each, gradients summed over data-parallel ranks.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from rich.progress import Progress
+
+from agent_rl.batch import StepBatch
+from agent_rl.config import Config
+from agent_rl.losses import policy_loss
+from training.checkpoint import load_model_weights
+from training.distributed import DistContext, all_reduce_gradients, broadcast_ragged
+
+
+# ---- teacher-forced logprobs --------------------------------------------------------------------------
+
+
+def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
+    """Tokens at the start of every prompt that ``response_logits`` forwards once for the batch: their
+    longest common prefix, short of the shortest prompt's last token (whose logits predict its
+    response); 0 for a single prompt."""
+    if len(prompts) < 2:
+        return 0
+    width = min(len(p) for p in prompts) - 1
+    matrix = np.array([p[:width] for p in prompts]).reshape(len(prompts), width)
+    differs = (matrix != matrix[0]).any(axis=0)
+    return int(differs.argmax()) if differs.any() else width
+
+
+def _shares_prefixes(model: torch.nn.Module) -> bool:
+    """Whether a prefix's KV cache can stand in for the prefix: every layer attends to all earlier
+    tokens (a sliding-window cache would drop some of them)."""
+    config = model.config
+    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
+    sliding = getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True)
+    return all(kind == "full_attention" for kind in layer_types) and not sliding
+
+
+def response_logits(
+    model: torch.nn.Module,
+    prompt_ids_list: Sequence[Sequence[int]],
+    response_ids_list: Sequence[Sequence[int]],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Teacher-forced next-token logits at every response position: ``(logits, targets, mask)`` with
+    shapes ``(B, T, V)``, ``(B, T)``, ``(B, T)``; ``T`` is the longest response and ``mask`` is 1.0 on
+    real response tokens.
+
+    The prefix that all prompts share (a system prompt, a task) is forwarded once and its KV cache
+    repeated over the batch; gradients flow back through that cache, so the result equals B separate
+    forward passes. The rest of each prompt is left-padded and its response right-padded, so every
+    response starts at the same column and only the last ``T + 1`` positions need logits. Gradients
+    flow when grad mode is on."""
+    if len(prompt_ids_list) != len(response_ids_list):
+        raise ValueError(f"{len(prompt_ids_list)} prompts but {len(response_ids_list)} responses")
+    if any(len(p) == 0 for p in prompt_ids_list):
+        raise ValueError("every prompt needs at least one token")
+    device = next(model.parameters()).device
+    batch = len(prompt_ids_list)
+    shared = shared_prefix_length(prompt_ids_list) if _shares_prefixes(model) else 0
+    suffixes = [p[shared:] for p in prompt_ids_list]
+    prompt_width = max(len(p) for p in suffixes)
+    response_width = max((len(r) for r in response_ids_list), default=0)
+    input_ids = torch.zeros((batch, prompt_width + response_width), dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    for i, (p, r) in enumerate(zip(suffixes, response_ids_list)):
+        input_ids[i, prompt_width - len(p) : prompt_width + len(r)] = torch.tensor([*p, *r], dtype=torch.long)
+        attention_mask[i, prompt_width - len(p) : prompt_width + len(r)] = 1
+    mask = attention_mask[:, prompt_width:].to(device=device, dtype=torch.float32)
+    targets = input_ids[:, prompt_width:].to(device)
+    if response_width == 0:
+        return torch.zeros((batch, 0, model.config.vocab_size), device=device), targets, mask
+    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+    position_ids = shared + (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    past = None
+    if shared:
+        prefix = torch.tensor([list(prompt_ids_list[0][:shared])], dtype=torch.long, device=device)
+        past = model(input_ids=prefix, use_cache=True).past_key_values
+        past.batch_repeat_interleave(batch)
+        attention_mask = torch.cat([attention_mask.new_ones((batch, shared)), attention_mask], dim=1)
+    logits = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        past_key_values=past,
+        logits_to_keep=response_width + 1,
+        use_cache=past is not None,
+    ).logits[:, :-1]
+    return logits, targets, mask
+
+
+def sequence_logprobs(
+    model: torch.nn.Module,
+    prompt_ids_list: Sequence[Sequence[int]],
+    response_ids_list: Sequence[Sequence[int]],
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logprob of each response token given its prompt at ``temperature``: ``(logp, mask)``, both
+    ``(B, T)``; padded positions hold 0. Gradients flow when grad mode is on."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    logits, targets, mask = response_logits(model, prompt_ids_list, response_ids_list)
+    logp = F.log_softmax(logits.float() / temperature, dim=-1).gather(2, targets[..., None])[..., 0]
+    return logp * mask, mask
+
+
+@torch.no_grad()
+def recompute_logprobs(model: torch.nn.Module, batch: StepBatch, micro_batch_size: int,
+                       temperature: float) -> tuple[list[np.ndarray], dict[str, float]]:
+    """Old logprobs of ``batch``'s responses from ``model``, and how far the engine's were from them."""
+    recomputed, diffs = [], []
+    for start in range(0, len(batch), micro_batch_size):
+        rows = range(start, min(start + micro_batch_size, len(batch)))
+        logp, mask = sequence_logprobs(
+            model, [batch.prompt_ids[i] for i in rows], [batch.response_ids[i] for i in rows], temperature
+        )
+        for row, values, valid in zip(rows, logp.cpu().numpy(), mask.cpu().numpy().astype(bool)):
+            recomputed.append(values[valid].astype(np.float32))
+            diffs.append(np.abs(recomputed[-1] - batch.old_logprobs[row]))
+    flat = np.concatenate(diffs) if diffs else np.zeros(1)
+    return recomputed, {
+        "update/logprob_mismatch_mean": float(flat.mean()),
+        "update/logprob_mismatch_max": float(flat.max()),
+    }
+
+
+# ---- the policy-gradient step ---------------------------------------------------------------------------
+
+
+def _pad(rows: list[np.ndarray], width: int, device: torch.device) -> torch.Tensor:
+    out = torch.zeros((len(rows), width), dtype=torch.float32)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.as_tensor(row, dtype=torch.float32)
+    return out.to(device)
+
+
+def _forwarded_tokens(batches: list[np.ndarray], prompts: list[np.ndarray], prompt_lengths: np.ndarray,
+                      response_lengths: np.ndarray) -> int:
+    """Tokens ``response_logits`` forwards for ``batches``: the shared prefix once, then every row
+    padded to the batch's longest rest of prompt and longest response."""
+    total = 0
+    for batch in batches:
+        shared = shared_prefix_length([prompts[i] for i in batch])
+        rest = int(prompt_lengths[batch].max()) - shared + int(response_lengths[batch].max())
+        total += shared + len(batch) * rest
+    return total
+
+
+RATIO_EXTREMES = {"ratio_max": max, "log_ratio_abs_max": max, "ratio_min": min}
+"""Metrics reported as the extreme over an update's micro-batches and optimizer steps, not a mean."""
+
+
+def minibatch_count(rows: int, optim) -> int:
+    """Minibatches per epoch for a batch of ``rows`` rows: ``optim.minibatches``, or ``rows //
+    optim.minibatch_size`` when a size is set; at least 1 and at most ``rows``."""
+    wanted = rows // optim.minibatch_size if optim.minibatch_size else optim.minibatches
+    return max(1, min(wanted, rows))
+
+
+def plan_micro_batches(prompts: list[np.ndarray], responses: list[np.ndarray], rows: np.ndarray,
+                       size: int) -> list[np.ndarray]:
+    """Split ``rows`` into micro-batches of at most ``size`` rows that forward the fewest tokens.
+
+    Two plans are costed (``_forwarded_tokens``) and the cheaper one wins:
+    - rows sorted by length: the least padding;
+    - rows clustered by the prompt prefix they share beyond the one common to all (the task of one
+      group's episodes, say), length-sorted within a cluster, no micro-batch spanning two clusters:
+      the longest prefixes that ``response_logits`` forwards once per micro-batch."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if len(rows) <= 1:
+        return [rows] if len(rows) else []
+    selected = [prompts[i] for i in rows]
+    prompt_lengths = np.array([len(p) for p in selected])
+    response_lengths = np.array([len(responses[i]) for i in rows])
+    prompt_matrix = np.full((len(rows), int(prompt_lengths.max())), -1, dtype=np.int64)  # -1: past the end
+    prompt_matrix[np.arange(prompt_matrix.shape[1]) < prompt_lengths[:, None]] = np.concatenate(selected)
+    total_lengths = prompt_lengths + response_lengths
+
+    by_length = np.argsort(total_lengths, kind="stable")
+    length_plan = np.split(by_length, np.arange(size, len(rows), size))
+
+    lexical = np.lexsort(prompt_matrix.T[::-1])  # column 0 is the primary key
+    differs = prompt_matrix[lexical[1:]] != prompt_matrix[lexical[:-1]]
+    neighbour_prefix = np.where(differs.any(axis=1), differs.argmax(axis=1), prompt_matrix.shape[1])
+    # A new cluster wherever neighbours share no more than every row does (no clusters if none do).
+    splits = (neighbour_prefix == neighbour_prefix.min()) & (neighbour_prefix.max() > neighbour_prefix.min())
+    cluster = np.empty(len(rows), dtype=np.int64)
+    cluster[lexical] = np.concatenate([[0], np.cumsum(splits)])
+    by_cluster = np.lexsort((total_lengths, cluster))
+    cluster_sizes = np.bincount(cluster)
+    rank_in_cluster = np.arange(len(rows)) - np.repeat(np.cumsum(cluster_sizes) - cluster_sizes, cluster_sizes)
+    cluster_plan = np.split(by_cluster, np.flatnonzero(rank_in_cluster % size == 0)[1:])
+
+    costs = [_forwarded_tokens(plan, selected, prompt_lengths, response_lengths) for plan in (length_plan, cluster_plan)]
+    return [rows[batch] for batch in (length_plan, cluster_plan)[int(np.argmin(costs))]]
+
+
+def accumulate_policy_gradient(
+    model: torch.nn.Module,
+    prompts: list[np.ndarray],
+    responses: list[np.ndarray],
+    old_logprobs: list[np.ndarray],
+    advantages: np.ndarray,
+    *,
+    loss_kwargs: dict[str, Any],
+    temperature: float,
+    micro_batch_size: int,
+    reference: torch.nn.Module | None = None,
+    shard: tuple[int, int] = (0, 1),
+) -> dict[str, float]:
+    """Backpropagate the policy loss of one minibatch, ``micro_batch_size`` rows at a time.
+
+    The gradient does not depend on the split: every micro-batch is normalized by the minibatch's
+    global token count (``token_mean``) or row count (``seq_mean_*``), and a fixed ``norm_length``.
+    Rows with zero advantage and no KL term have exactly zero gradient, so they are counted in the
+    normalizers but never forwarded. ``shard=(rank, world_size)`` forwards only this rank's share of
+    the rows (normalizers stay global), so summing the ranks' gradients gives the full gradient.
+    Returns token-weighted metrics over the rows this call forwarded."""
+    lengths = np.array([len(r) for r in responses], dtype=np.int64)
+    kl_on = loss_kwargs.get("kl_coef", 0.0) > 0
+    if kl_on and reference is None:
+        raise ValueError("kl_coef > 0 needs a reference model")
+    if loss_kwargs["loss_agg"] == "seq_mean_token_sum_norm" and loss_kwargs.get("norm_length") is None:
+        # The default (each micro-batch's padded width) would make the gradient depend on the split.
+        raise ValueError("loss_agg 'seq_mean_token_sum_norm' needs a fixed norm_length")
+    num_tokens = float(lengths.sum())
+    num_rows = float((lengths > 0).sum() if loss_kwargs["loss_agg"] == "seq_mean_token_mean" else len(lengths))
+    active = np.flatnonzero(((advantages != 0) | kl_on) & (lengths > 0))
+    # Planned over all ranks, then each micro-batch is dealt round-robin: balanced and prefix-sharing.
+    plan = plan_micro_batches(prompts, responses, active, micro_batch_size * shard[1])
+    device = next(model.parameters()).device
+    sums: dict[str, float] = defaultdict(float)
+    tokens_seen = 0.0
+    forwarded = 0
+    for rows in (batch[shard[0] :: shard[1]] for batch in plan):
+        if len(rows) == 0:
+            continue
+        forwarded += len(rows)
+        batch_prompts = [prompts[i] for i in rows]
+        batch_responses = [responses[i] for i in rows]
+        logits, targets, mask = response_logits(model, batch_prompts, batch_responses)
+        token_logp = F.log_softmax(logits.float() / temperature, dim=-1)
+        logp = token_logp.gather(2, targets[..., None])[..., 0] * mask
+        with torch.no_grad():
+            entropy = -(token_logp.exp() * token_logp).sum(-1)
+            ref_logp = sequence_logprobs(reference, batch_prompts, batch_responses, temperature)[0] if kl_on else None
+        out = policy_loss(
+            logp,
+            _pad([old_logprobs[i] for i in rows], mask.shape[1], device),
+            torch.as_tensor(advantages[rows], dtype=torch.float32, device=device),
+            mask,
+            ref_logp=ref_logp,
+            entropy=entropy,
+            num_tokens=num_tokens,
+            num_rows=num_rows,
+            **loss_kwargs,
+        )
+        out.loss.backward()
+        weight = float(mask.sum())
+        tokens_seen += weight
+        sums["loss"] += float(out.loss.detach())
+        for key, value in out.metrics.items():
+            if key in RATIO_EXTREMES:
+                sums[key] = RATIO_EXTREMES[key](sums.get(key, value), value)
+            else:
+                sums[key] += value * weight
+    metrics = {k: (v if k in RATIO_EXTREMES or k == "loss" else v / max(tokens_seen, 1.0)) for k, v in sums.items()}
+    metrics["active_rows"] = float(forwarded)
+    return metrics
+
+
+# ---- the update of one iteration -------------------------------------------------------------------------
+
+
+class Learner:
+    """Updates ``model`` with ``optimizer`` on the rows of each iteration (``config.optim``, the
+    resolved ``config.algo``'s loss). Under several processes (``dist``) rank 0 passes the rows,
+    every rank receives them, draws the same shuffle and backpropagates its share of each minibatch;
+    the summed gradient is the single-process one."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: Config,
+                 shuffle_rng: np.random.Generator, dist: DistContext = DistContext()):
+        self.model, self.optimizer, self.config, self.shuffle_rng, self.dist = model, optimizer, config, shuffle_rng, dist
+        algo = config.algo
+        self.loss_kwargs = {**algo.loss_kwargs, "kl_coef": algo.kl_coef, "kl_estimator": algo.kl_estimator}
+        self.reference: torch.nn.Module | None = None
+        """The frozen policy the KL term measures against (needed when ``algo.kl_coef`` > 0)."""
+
+    def freeze_reference(self, weights_dir: Path | None = None) -> None:
+        """Freeze a copy of the model (with the weights in ``weights_dir`` when given, e.g. the
+        post-SFT checkpoint of a resumed run) as the reference of the KL term."""
+        reference = copy.deepcopy(self.model)
+        if weights_dir is not None:
+            load_model_weights(reference, weights_dir)
+        self.reference = reference.requires_grad_(False).eval()
+
+    def update(self, batch: StepBatch | None, advantages: np.ndarray | None, progress: Progress) -> dict[str, float]:
+        """Learn from ``batch`` (rank 0; None on the other ranks, or when there is nothing to learn);
+        returns the update metrics, empty when there were no rows."""
+        cfg = self.config
+        prompts: list[np.ndarray] = []
+        responses: list[np.ndarray] = []
+        old_logprobs: list[np.ndarray] = []
+        rows_advantages: list[np.ndarray] = []
+        metrics: dict[str, float] = {}
+        if batch is not None:
+            prompts, responses, old_logprobs, rows_advantages = batch.prompt_ids, batch.response_ids, batch.old_logprobs, [advantages]
+            if cfg.trainer.recompute_old_logprobs:
+                old_logprobs, metrics = recompute_logprobs(self.model, batch, cfg.optim.micro_batch_size, cfg.rollout.temperature)
+        prompts = broadcast_ragged(prompts, torch.int64, self.dist)
+        if not prompts:
+            return metrics
+        responses = broadcast_ragged(responses, torch.int64, self.dist)
+        old_logprobs = broadcast_ragged(old_logprobs, torch.float32, self.dist)
+        (advantages,) = broadcast_ragged(rows_advantages, torch.float64, self.dist)
+        return {**metrics, **self.optimize(prompts, responses, old_logprobs, advantages, progress)}
+
+    def optimize(self, prompts: list[np.ndarray], responses: list[np.ndarray], old_logprobs: list[np.ndarray],
+                 advantages: np.ndarray, progress: Progress) -> dict[str, float]:
+        """PPO-style: ``optim.epochs`` passes over the rows, each shuffled and split into minibatches;
+        one AdamW step (after clipping) per minibatch, so every step after the first learns from
+        rows sampled by an older policy and the importance ratios and clip terms act."""
+        optim = self.config.optim
+        n = len(prompts)
+        parts = minibatch_count(n, optim)
+        task = progress.add_task("update", total=optim.epochs * parts)
+        step_metrics: list[dict[str, float]] = []
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for _ in range(optim.epochs):
+            for rows in np.array_split(self.shuffle_rng.permutation(n), parts):
+                self.optimizer.zero_grad(set_to_none=True)
+                metrics = accumulate_policy_gradient(
+                    self.model,
+                    [prompts[i] for i in rows],
+                    [responses[i] for i in rows],
+                    [old_logprobs[i] for i in rows],
+                    advantages[rows],
+                    loss_kwargs=self.loss_kwargs,
+                    temperature=self.config.rollout.temperature,
+                    micro_batch_size=optim.micro_batch_size,
+                    reference=self.reference,
+                    shard=(self.dist.rank, self.dist.world_size),
+                )
+                all_reduce_gradients(params, self.dist)
+                clip = optim.grad_clip if optim.grad_clip > 0 else float("inf")
+                metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, clip))
+                self.optimizer.step()
+                step_metrics.append(metrics)
+                progress.update(task, advance=1)
+        progress.remove_task(task)
+        combined = {key: float(np.mean([m[key] for m in step_metrics if key in m])) for key in step_metrics[0]}
+        for key, extreme in RATIO_EXTREMES.items():
+            if key in combined:
+                combined[key] = float(extreme(m[key] for m in step_metrics))
+        combined["optimizer_steps"] = float(len(step_metrics))
+        return {f"update/{k}": v for k, v in combined.items()}
