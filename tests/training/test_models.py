@@ -258,7 +258,7 @@ def test_smollm2_trains_one_iteration(smollm2, tmp_path):
         "env.kwargs={n_rooms: 2, n_locked_doors: 0, dead_ends: 0, extra_edges: 0, n_distractors: 0, max_steps: 2}",
         "rollout.n_groups=1", "rollout.group_size=2", "rollout.max_turns=2", "rollout.history_turns=1",
         "rollout.max_new_tokens=6", "optim.micro_batch_size=4", "logging.console=false", "logging.tensorboard=false",
-        "algo=grpo", "algo.kl_coef=0", "trainer.recompute_old_logprobs=true",
+        "algo=grpo", "algo.kl_coef=0", "trainer.recompute_old_logprobs=true", "optim.minibatches=1",
     ])
     summary = train(config)
     assert summary["iterations"] == 1
