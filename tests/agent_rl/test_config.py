@@ -127,7 +127,8 @@ def test_resolve_makes_every_open_choice_once(monkeypatch):
     assert resolve(Config()).env.anchor_key == "state"
     assert resolve(load_config("minicode")).env.anchor_key == "fingerprint"
     assert resolve(load_config("minicode", ["env.anchor_key=observation"])).env.anchor_key == "observation"
-    assert resolve(load_config(overrides=["env.id=label/NotRegistered-v0"])).env.anchor_key == "observation"
+    # A label for a user's environment factory: no registered default (sft.mode=auto would need the env).
+    assert resolve(load_config(overrides=["env.id=label/NotRegistered-v0", "sft.mode=none"])).env.anchor_key == "observation"
     # Dr.GRPO's constant normalizer is the generation limit, unless set.
     drgrpo = load_config(overrides=["algo=drgrpo", "rollout.max_new_tokens=7"])
     assert resolve(drgrpo).algo.loss_kwargs["norm_length"] == 7
@@ -136,7 +137,8 @@ def test_resolve_makes_every_open_choice_once(monkeypatch):
     # The input is left alone, and resolving twice changes nothing.
     config = Config()
     once = resolve(config)
-    assert config.algo.advantage is None and config.env.anchor_key is None
+    assert config.algo.advantage is None and config.env.anchor_key is None and config.sft.mode == "auto"
+    assert once.sft.mode == "oracle"  # the Maze gives oracle plans
     assert config_to_dict(resolve(once)) == config_to_dict(once)
     assert (once.algo.advantage, once.algo.loss, once.algo.step_normalize) == ("drgrpo", "gspo_token", "mean")
 
