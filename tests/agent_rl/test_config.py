@@ -201,3 +201,20 @@ def test_recipe_environments_construct(recipe):
     env = gym.make(config.env.id, **config.env.kwargs)
     observation, info = env.reset(seed=0)
     assert observation and "won" in info
+
+
+def test_env_kwargs_default_only_for_the_default_environment():
+    from agent_rl.config import DEFAULT_ENV_KWARGS, EnvConfig
+
+    assert Config().env.kwargs == DEFAULT_ENV_KWARGS and EnvConfig(id="userpkg/Lock-v0").kwargs == {}
+    for overrides in (["env.id=userpkg/Lock-v0"], ["env=userpkg/Lock-v0"], ["env.id=mod:agent_rl/Maze-v0"]):
+        assert load_config(overrides=overrides).env.kwargs == {}, overrides
+    # Sub-key edits start from the default of the final id, in either order.
+    for overrides in (["env.id=userpkg/Lock-v0", "env.kwargs.digits=4"], ["env.kwargs.digits=4", "env.id=userpkg/Lock-v0"]):
+        assert load_config(overrides=overrides).env.kwargs == {"digits": 4}, overrides
+    assert load_config(overrides=["env.kwargs.n_rooms=9"]).env.kwargs == {**DEFAULT_ENV_KWARGS, "n_rooms": 9}
+    assert load_config(overrides=["env.kwargs={}"]).env.kwargs == {}  # a whole mapping replaces the default
+    # Recipes that name their environment and its kwargs keep them; one without kwargs gets {}.
+    for name in ("sokoban", "minicode"):
+        assert load_config(name).env.kwargs == yaml.safe_load((RECIPES / f"{name}.yaml").read_text())["env"]["kwargs"]
+    assert load_config(base={"env": {"id": "agent_rl/Sokoban-v0"}}).env.kwargs == {}
