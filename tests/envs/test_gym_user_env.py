@@ -22,6 +22,8 @@ from training.envpool import LocalEnvPool, env_factory
 from training.logger import read_metrics
 from training.rollout import Move, PlayStats, play_episodes
 
+from tiny_train import TINY_TRAIN  # tests/envs
+
 LOCK_ID = f"{__name__}:userpkg/Lock-v0"
 """Gymnasium imports this module (which registers the env), then makes it."""
 
@@ -69,18 +71,11 @@ class ListedLock(Lock):
 gym.register("userpkg/Lock-v0", entry_point=f"{__name__}:Lock")
 gym.register("userpkg/ListedLock-v0", entry_point=f"{__name__}:ListedLock")
 
-TINY = [
-    "engine=hf", "trainer.iterations=1", "trainer.eval_every=0", "trainer.eval_episodes=2", "trainer.eval_sampled=false",
-    "trainer.target_success=null", "trainer.confirm_episodes=0", "trainer.torch_threads=1", "rollout.n_groups=2",
-    "rollout.group_size=2", "rollout.max_turns=2", "rollout.max_new_tokens=6", "sft.steps=2", "sft.episodes=2",
-    "sft.batch_size=4", "optim.minibatches=1", "optim.micro_batch_size=4", "logging.console=false",
-    "logging.tensorboard=false",
-]
 
 
 def test_plain_gymnasium_env_trains_evaluates_and_plays_through_the_cli(tmp_path, capsys, monkeypatch):
     run_dir = tmp_path / "lock"
-    assert main(["train", f"env.id={LOCK_ID}", f"trainer.run_dir={run_dir}", *TINY]) == 0
+    assert main(["train", f"env.id={LOCK_ID}", f"trainer.run_dir={run_dir}", *TINY_TRAIN]) == 0
     records = read_metrics(run_dir)
     assert [r["iteration"] for r in records] == [0, 1]
     assert "eval/greedy_success" in records[0] and "rollout/success_rate" in records[1]
@@ -99,7 +94,7 @@ def test_plain_gymnasium_env_trains_evaluates_and_plays_through_the_cli(tmp_path
 def test_listed_actions_without_an_oracle_warm_start_on_random_actions(tmp_path):
     run_dir = tmp_path / "listed"
     assert main(["train", f"env.id={__name__}:userpkg/ListedLock-v0", f"trainer.run_dir={run_dir}",
-                 *[o for o in TINY if o != "trainer.iterations=1"], "trainer.iterations=0"]) == 0
+                 *[o for o in TINY_TRAIN if o != "trainer.iterations=1"], "trainer.iterations=0"]) == 0
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["sft"]["mode"] == "random"
     (record,) = read_metrics(run_dir)
     assert record["sft/pairs"] > 0
@@ -153,7 +148,7 @@ def test_kwargs_the_environment_refuses_are_a_config_error(tmp_path, capsys):
         env_factory(config)
     run_dir = tmp_path / "refused"
     assert main(["train", "--import", __name__, "env.id=userpkg/Lock-v0", "env.kwargs={n_rooms: 4}",
-                 f"trainer.run_dir={run_dir}", *TINY]) == 2
+                 f"trainer.run_dir={run_dir}", *TINY_TRAIN]) == 2
     err = capsys.readouterr().err
     assert err.startswith("agent-rl: error: config keys 'env.id' and 'env.kwargs'") and "Traceback" not in err
     assert "n_rooms" in err and not run_dir.exists()  # refused before the run directory is claimed
