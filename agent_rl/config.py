@@ -28,7 +28,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import yaml
 
@@ -81,6 +81,15 @@ class ConfigError(ValueError):
     """A configuration key or value is invalid; the message names the key."""
 
 
+DEFAULT_ENV_ID = "agent_rl/Maze-v0"
+"""The environment of the embedded defaults (the main job)."""
+
+DEFAULT_ENV_KWARGS: dict[str, Any] = {
+    "n_rooms": 4, "n_locked_doors": 1, "dead_ends": 1, "extra_edges": 0, "n_distractors": 0, "max_steps": 20
+}
+"""The main job's Maze: ``env.kwargs`` when ``env.id`` is ``DEFAULT_ENV_ID`` and no kwargs are given."""
+
+
 # ---- the sections -------------------------------------------------------------------------------
 
 
@@ -88,15 +97,15 @@ class ConfigError(ValueError):
 class EnvConfig:
     """Which environment to train on."""
 
-    id: str = "agent_rl/Maze-v0"
-    """Registered text-environment id (bundled or user-registered); with an environment factory
-    passed to the trainer, the run's name for its environment."""
-    kwargs: dict[str, Any] = field(
-        default_factory=lambda: {
-            "n_rooms": 4, "n_locked_doors": 1, "dead_ends": 1, "extra_edges": 0, "n_distractors": 0, "max_steps": 20
-        }
-    )
-    """Constructor arguments passed to ``gymnasium.make(id, **kwargs)`` (difficulty knobs)."""
+    id: str = DEFAULT_ENV_ID
+    """Registered Gymnasium id (bundled or user-registered), or Gymnasium's ``module:ns/Name-vN`` form,
+    which imports ``module`` (registering the environment) first; with an environment factory passed
+    to the trainer, the run's name for its environment."""
+    kwargs: dict[str, Any] | None = None
+    """Constructor arguments passed to ``gymnasium.make(id, **kwargs)`` (difficulty knobs); None is the
+    main job's Maze knobs (``DEFAULT_ENV_KWARGS``) for the default id and ``{}`` for any other id, so a
+    config naming another environment never inherits the Maze's arguments. ``env.kwargs.KEY=VALUE``
+    edits that default."""
     imports: list[str] = field(default_factory=list)
     """Modules imported before ``gymnasium.make``; importing them registers user environments."""
     anchor_key: str | None = None
@@ -105,6 +114,10 @@ class EnvConfig:
     environment's registered default."""
 
     _shorthand = "id"
+
+    def __post_init__(self) -> None:
+        if self.kwargs is None:
+            self.kwargs = dict(DEFAULT_ENV_KWARGS) if self.id == DEFAULT_ENV_ID else {}
 
 
 @dataclass
@@ -275,8 +288,10 @@ class OptimizerConfig:
 class SFTConfig:
     """Supervised warm start that teaches the action format before RL."""
 
-    mode: Literal["none", "random", "oracle"] = "oracle"
-    """none, random (clone uniformly random admissible actions: format, not task) or oracle."""
+    mode: Literal["auto", "none", "random", "oracle"] = "auto"
+    """oracle (clone the environment's oracle plans), random (clone uniformly random admissible actions:
+    format, not task), none, or auto: oracle when the environment gives oracle plans, else random when
+    its reset info lists ``admissible_actions``, else none. The resolved config records the choice."""
     steps: int = 300
     """Optimizer steps of supervised training."""
     lr: float = 1e-3
@@ -455,19 +470,33 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
     raise ConfigError(f"config key {key!r}: unsupported type {hint!r}")
 
 
+class _Edits(dict):
+    """Sub-key edits of a mapping field (``env.kwargs.max_steps=40``), applied on top of the field's
+    value once its section is built: ``env.kwargs``'s default depends on the final ``env.id``."""
+
+
 def _build_section(cls: type, values: dict[str, Any], section: str) -> Any:
     hints = _field_hints(cls)
-    default = getattr(Config(), section)  # missing keys keep the embedded defaults of this section
-    kwargs = {f.name: getattr(default, f.name) for f in dataclasses.fields(cls)}
+    default = getattr(Config(), section)
+    # Missing keys keep the embedded defaults of this section; a field declared None stays None for
+    # __post_init__ to derive from the others (env.kwargs from env.id).
+    kwargs = {f.name: None if f.default is None else getattr(default, f.name) for f in dataclasses.fields(cls)}
+    edits = {}
     for name, value in values.items():
         key = f"{section}.{name}"
         if name not in hints:
             raise _unknown(key)
-        kwargs[name] = _coerce(value, hints[name], key)
+        if isinstance(value, _Edits):
+            edits[name] = value
+        else:
+            kwargs[name] = _coerce(value, hints[name], key)
     try:
-        return cls(**kwargs)
+        built = cls(**kwargs)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"config section {section!r}: {exc}") from exc
+    for name, edit in edits.items():
+        setattr(built, name, _coerce({**(getattr(built, name) or {}), **edit}, hints[name], f"{section}.{name}"))
+    return built
 
 
 def config_from_dict(data: dict[str, Any]) -> Config:
@@ -530,10 +559,10 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     if len(parts) == 2:
         current[name] = value
         return
-    if typing.get_origin(hints[name]) is not dict:
+    if dict not in (typing.get_origin(hints[name]), *map(typing.get_origin, typing.get_args(hints[name]))):
         raise _unknown(key)
-    if name not in current:  # a sub-key override edits the default mapping rather than replacing it
-        current[name] = copy.deepcopy(getattr(cls(), name))
+    if current.get(name) is None:  # a sub-key override edits the default mapping rather than replacing it
+        current[name] = _Edits()
     target = current[name]
     for part in parts[2:-1]:
         target = target.setdefault(part, {})
@@ -709,25 +738,56 @@ def resolve_algorithm(algo: AlgorithmConfig, norm_length: int | None = None) -> 
 
 
 def default_anchor_key(env_id: str) -> str:
-    """The anchor key kind registered for ``env_id`` (``envs.register_text_env``); ``observation``
-    for any other environment (a plain Gymnasium env, or a label for a user's environment factory)."""
-    from envs import text_env_specs  # gymnasium, no torch
+    """The anchor key kind registered for ``env_id`` (``envs.register_text_env``; ``module:ns/Name-vN``
+    imports ``module`` first); ``observation`` for any other environment (a plain Gymnasium env, or a
+    label for a user's environment factory)."""
+    from envs import registry_id, text_env_specs  # gymnasium, no torch
 
-    spec = text_env_specs().get(env_id)
+    spec = text_env_specs().get(registry_id(env_id))
     return spec.default_anchor if spec is not None else "observation"
 
 
-def resolve(config: Config) -> Config:
+def make_configured_env(env: EnvConfig) -> Any:
+    """``gymnasium.make(env.id, **env.kwargs)`` after importing ``env.imports``. An id that names no
+    registered environment (or a ``module:`` that does not import) and an environment that refuses
+    its kwargs raise a :class:`ConfigError` naming the keys."""
+    import gymnasium as gym
+
+    import envs
+
+    try:
+        envs.import_modules(env.imports)
+        registered = envs.registry_id(env.id)
+    except ImportError as exc:
+        raise ConfigError(f"config key 'env.id' {env.id!r}: {exc}") from None
+    if registered not in gym.registry:
+        raise ConfigError(
+            f"config key 'env.id': unknown environment {env.id!r}; registered text environments: "
+            f"{', '.join(envs.text_env_specs())} (gym.register it in a module and name it as module:{registered}, "
+            "or import that module with env.imports=[module] or --import)"
+        )
+    try:
+        return envs.make_text_env(env.id, env.kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"config keys 'env.id' and 'env.kwargs': gymnasium.make({env.id!r}, **{env.kwargs!r}) failed: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
+
+
+def resolve(config: Config, make_env: Callable[[], Any] | None = None) -> Config:
     """A copy of ``config`` with every open choice made, once for every consumer:
 
     - ``engine.kind``: ``auto`` is ``vllm`` when it imports, else ``hf``;
     - ``env.anchor_key``: None is the environment's registered default (after ``env.imports``);
+    - ``sft.mode``: ``auto`` is ``envs.auto_sft_mode`` of one environment from ``make_env`` (the
+      trainer's environment factory) or, without one, of :func:`make_configured_env`;
     - ``algo``: the preset's parts (:func:`resolve_algorithm`), with Dr.GRPO's ``norm_length`` set to
       ``rollout.max_new_tokens``.
 
     Resolving a resolved config changes nothing, so configs written before resolution existed (with
     ``auto`` and nulls) compare equal to their resolved form once resolved."""
-    from envs import import_modules
+    from envs import auto_sft_mode, import_modules
 
     resolved = copy.deepcopy(config)
     if resolved.engine.kind == "auto":
@@ -735,6 +795,12 @@ def resolve(config: Config) -> Config:
     if resolved.env.anchor_key is None:
         import_modules(resolved.env.imports)
         resolved.env.anchor_key = default_anchor_key(resolved.env.id)
+    if resolved.sft.mode == "auto":
+        env = make_env() if make_env is not None else make_configured_env(resolved.env)
+        try:
+            resolved.sft.mode = auto_sft_mode(env)
+        finally:
+            env.close()
     resolved.algo = resolve_algorithm(resolved.algo, norm_length=resolved.rollout.max_new_tokens)
     validate(resolved)
     return resolved

@@ -9,13 +9,15 @@ training instance.
 
 from envs.base import EVAL_SEED_BASE, TextEnv, Transition, instance_split, normalize_action, seed_split
 from envs.checker import CheckReport, TextEnvCheckError, check_text_env
-from envs.oracle import has_oracle, oracle_actions
+from envs.oracle import AUTO_SFT_REASONS, auto_sft_mode, has_oracle, oracle_actions
 from envs.registration import (
     EnvUnavailableError,
     TextEnvSpec,
     import_modules,
     load_plugins,
+    make_text_env,
     register_text_env,
+    registry_id,
     text_env_spec,
     text_env_specs,
     unavailable_envs,
@@ -31,6 +33,8 @@ __all__ = [
     "EnvUnavailableError",
     "TextEnvCheckError",
     "check_text_env",
+    "AUTO_SFT_REASONS",
+    "auto_sft_mode",
     "has_oracle",
     "oracle_actions",
     "TextEnv",
@@ -39,7 +43,9 @@ __all__ = [
     "TextEnvSpec",
     "import_modules",
     "load_plugins",
+    "make_text_env",
     "register_text_env",
+    "registry_id",
     "text_env_spec",
     "text_env_specs",
     "unavailable_envs",

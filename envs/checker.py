@@ -32,12 +32,15 @@ HOSTILE_ACTIONS: tuple[Any, ...] = (
 )
 """Actions no environment may crash or hang on. None of them is a valid game command."""
 
-REQUIRED_INFO_TYPES: dict[str, tuple[type, ...]] = {
+INFO_TYPES: dict[str, tuple[type, ...]] = {
     "anchor": (str,),
     "action_valid": (bool,),
     "error": (str, type(None)),
     "won": (bool,),
 }
+"""The ``info`` keys of the contract and their types. A key an environment never sets is no failure
+(the trainer falls back: anchor = the observation, action_valid = True, error = None, won =
+terminated with a positive reward); the report lists it in ``missing_info``."""
 
 
 class TextEnvCheckError(AssertionError):
@@ -66,6 +69,8 @@ class CheckReport:
     """Hostile actions sent."""
     slowest_fuzz_step_s: float = 0.0
     """Wall time of the slowest fuzz step."""
+    missing_info: list[str] = field(default_factory=list)
+    """Contract ``info`` keys (``INFO_TYPES``) absent after the first reset: the trainer's fallbacks apply."""
 
 
 def check_text_env(
@@ -104,6 +109,8 @@ def check_text_env(
         raise TextEnvCheckError("gymnasium_check_env", f"{type(exc).__name__}: {exc}") from exc
     report.checks.append("gymnasium_check_env")
 
+    _, info = env.reset(seed=seeds[0])
+    report.missing_info = [key for key in INFO_TYPES if key not in info]
     for seed in seeds:
         first = _rollout(env, seed, n_steps, actions=None)
         actions = [step[0] for step in first[1:]]
@@ -163,10 +170,8 @@ def _check_transition(
         raise TextEnvCheckError("info_contract", f"{where}: observation {observation!r:.200} is not in the observation space")
     if not isinstance(info, dict):
         raise TextEnvCheckError("info_contract", f"{where}: info is {type(info).__name__}, not dict")
-    for key, types in REQUIRED_INFO_TYPES.items():
-        if key not in info:
-            raise TextEnvCheckError("info_contract", f"{where}: info has no {key!r}")
-        if not isinstance(info[key], types):
+    for key, types in INFO_TYPES.items():
+        if key in info and not isinstance(info[key], types):
             raise TextEnvCheckError(
                 "info_contract", f"{where}: info[{key!r}] is {type(info[key]).__name__}, expected {types[0].__name__}"
             )
@@ -219,7 +224,7 @@ def _fuzz(env: gym.Env, seed: int, time_limit: float, report: CheckReport) -> No
         if elapsed > time_limit:
             raise TextEnvCheckError("fuzz", f"{where}: step took {elapsed:.3f} s (limit {time_limit:g} s)")
         _check_transition(env, where, observation, info, reward, terminated, truncated)
-        if admissible_before is not None and normalize_action(action) not in admissible_before and info["action_valid"]:
+        if admissible_before is not None and normalize_action(action) not in admissible_before and info.get("action_valid", True):
             raise TextEnvCheckError("fuzz", f"{where}: not an admissible action, yet info['action_valid'] is True")
         if terminated or truncated:
             observation, info = env.reset(seed=seed)
@@ -229,5 +234,5 @@ def _fuzz(env: gym.Env, seed: int, time_limit: float, report: CheckReport) -> No
     observation, reward, terminated, truncated, info = env.step(action)
     report.steps += 1
     _check_transition(env, f"valid action {action!r} after the fuzz", observation, info, reward, terminated, truncated)
-    if admissible and not info["action_valid"]:
+    if admissible and not info.get("action_valid", True):
         raise TextEnvCheckError("usable_after_fuzz", f"admissible action {action!r} was rejected after the fuzz pass")

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from envs.registration import EnvUnavailableError, import_modules, text_env_specs, unavailable_envs
+from envs.registration import EnvUnavailableError, import_modules, registry_id, text_env_specs, unavailable_envs
 
 QUIT_COMMAND = ":quit"
 
@@ -65,14 +65,15 @@ def play(
     errors = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
         import_modules(list(imports))
+        registered = registry_id(env_id)  # Gymnasium's module:ns/Name-vN form imports the module
     except ImportError as exc:
         errors.print(str(exc), style="red", markup=False)
         return 2
-    specs = text_env_specs()
-    if env_id not in specs:
+    if registered not in gym.registry:
         left_out = unavailable_envs()
-        reason = left_out.get(env_id) or left_out.get(env_id.split("/")[0] + "/*")
-        message = f"{env_id} is not available here: {reason}" if reason else f"unknown text environment {env_id!r}; registered: {', '.join(specs)}"
+        reason = left_out.get(registered) or left_out.get(registered.split("/")[0] + "/*")
+        known = ", ".join(text_env_specs())
+        message = f"{env_id} is not available here: {reason}" if reason else f"unknown text environment {env_id!r}; registered: {known}"
         errors.print(message, style="red", markup=False)
         return 2
     try:
@@ -84,20 +85,21 @@ def play(
     console.print(f"{env_id}  seed={seed}", style="bold", markup=False)
     if info.get("task"):
         console.print(f"Task: {info['task']}", style="cyan", markup=False)
-    total_reward = 0.0
+    total_reward, steps = 0.0, 0
     while True:
         console.print(observation, markup=False)
         if "admissible_actions" in info:
             console.print("Actions: " + " | ".join(info["admissible_actions"]), style="dim", markup=False)
-        console.print(f"[{info.get('steps', 0)}]> ", end="", markup=False)
+        console.print(f"[{steps}]> ", end="", markup=False)
         line = sys.stdin.readline()
         if not line or line.strip() == QUIT_COMMAND:
             console.print("\nbye", markup=False)
             return 0
         observation, reward, terminated, truncated, info = env.step(line.rstrip("\n"))
-        total_reward += reward
+        total_reward, steps = total_reward + reward, steps + 1
         if terminated or truncated:
             console.print(observation, markup=False)
-            outcome = "won" if info.get("won") else ("out of steps" if truncated else "episode over")
-            console.print(f"{outcome}: return {total_reward:g} after {info.get('steps', 0)} steps", style="bold", markup=False)
+            won = info.get("won", terminated and reward > 0)  # the trainer's fallback without the key
+            outcome = "won" if won else ("out of steps" if truncated else "episode over")
+            console.print(f"{outcome}: return {total_reward:g} after {steps} steps", style="bold", markup=False)
             return 0

@@ -19,3 +19,25 @@ def oracle_actions(env: gym.Env) -> list[str]:
     if not has_oracle(env):
         raise TypeError(f"{type(env.unwrapped).__name__} has no oracle() method, so it has no oracle plan")
     return [str(action) for action in env.unwrapped.oracle()]
+
+
+AUTO_SFT_REASONS = {
+    "oracle": "the environment gives oracle plans",
+    "random": "the environment lists admissible actions but gives no oracle plan",
+    "none": "the environment gives neither oracle plans nor admissible actions",
+}
+"""Why ``sft.mode=auto`` chose each mode (:func:`auto_sft_mode`)."""
+
+
+def auto_sft_mode(env: gym.Env, seed: int = 0) -> str:
+    """What ``sft.mode=auto`` warm-starts ``env`` with: ``oracle`` when it gives an oracle plan after
+    ``reset(seed=seed)`` (an ``oracle()`` that raises ``NotImplementedError``, as games without one do,
+    gives none), else ``random`` when the reset info lists ``admissible_actions``, else ``none``."""
+    _, info = env.reset(seed=seed)
+    if has_oracle(env):
+        try:
+            oracle_actions(env)
+            return "oracle"
+        except NotImplementedError:
+            pass
+    return "random" if info.get("admissible_actions") else "none"

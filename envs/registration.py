@@ -138,6 +138,24 @@ def import_modules(modules: list[str] | tuple[str, ...]) -> None:
             raise ImportError(f"could not import environment module {module!r}: {exc}") from exc
 
 
+def registry_id(env_id: str) -> str:
+    """The registry key of ``env_id``. Gymnasium's ``module:ns/Name-vN`` form imports ``module`` first
+    (as ``gymnasium.make`` does; importing it registers the environment) and names ``ns/Name-vN``."""
+    module, sep, name = env_id.partition(":")
+    if not sep:
+        return env_id
+    import_modules([module])
+    return name
+
+
+def make_text_env(env_id: str, env_kwargs: dict[str, Any] | None = None, imports: list[str] | tuple[str, ...] = ()) -> gym.Env:
+    """``gymnasium.make(env_id, **env_kwargs)`` after registering the bundled envs, entry-point plugins
+    and ``imports`` (``env_id`` may be ``module:ns/Name-vN``)."""
+    import_modules(list(imports))
+    load_plugins()
+    return gym.make(env_id, **(env_kwargs or {}))
+
+
 def text_env_specs() -> dict[str, TextEnvSpec]:
     """All registered text environments, bundled and plugins, by id."""
     load_plugins()

@@ -21,6 +21,8 @@ from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkabl
 
 import gymnasium as gym
 
+from envs.registration import make_text_env
+
 
 @dataclass
 class EnvResult:
@@ -57,15 +59,6 @@ class EnvPool(Protocol):
     def close(self) -> None: ...
 
 
-def make_text_env(env_id: str, env_kwargs: dict[str, Any] | None = None, imports: Sequence[str] = ()) -> gym.Env:
-    """``gymnasium.make`` after registering the bundled envs, entry-point plugins and ``imports``."""
-    import envs
-
-    envs.import_modules(list(imports))
-    envs.load_plugins()
-    return gym.make(env_id, **(env_kwargs or {}))
-
-
 @dataclass(frozen=True)
 class RegisteredEnv:
     """The factory of a registered environment: ``gymnasium.make(env_id, **kwargs)`` after importing
@@ -81,16 +74,12 @@ class RegisteredEnv:
 
 
 def env_factory(config) -> RegisteredEnv:
-    """The factory of ``config.env``; a clear error naming ``env.id`` when no such environment is registered."""
-    import envs
+    """The factory of ``config.env``. One environment is built and closed here, so an unknown
+    ``env.id`` or ``env.kwargs`` the environment refuses is a ``ConfigError`` naming the key before
+    anything else starts (``agent_rl.config.make_configured_env``)."""
+    from agent_rl.config import make_configured_env
 
-    envs.import_modules(config.env.imports)
-    envs.load_plugins()
-    if config.env.id not in gym.registry:
-        raise ValueError(
-            f"config key 'env.id': unknown environment {config.env.id!r}; registered text environments: "
-            f"{', '.join(envs.text_env_specs())} (import your module with env.imports=[module] or --import)"
-        )
+    make_configured_env(config.env).close()
     return RegisteredEnv(config.env.id, dict(config.env.kwargs), tuple(config.env.imports))
 
 

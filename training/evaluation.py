@@ -104,8 +104,8 @@ def evaluate_policy(
     config = load_config(target / "config.yaml" if is_run else None, base)
     if episodes is not None:
         config.trainer.eval_episodes = episodes
-    config = resolve(config)
     make_env = env_factory(config)
+    config = resolve(config, make_env)
     model_dir = checkpoint.find_checkpoint(target, which).model_dir if is_run else target
     model, tokenizer = load_policy(model_dir, device=resolve_device(config.policy.device))
     engine = engine_from_config(config, model, tokenizer)

@@ -206,7 +206,7 @@ def _record(episode: Episode, move: Move, result: EnvResult, config: RolloutConf
             "done": done,
             "truncated": done and not terminated,
             "action_valid": bool(move.parsed and info.get("action_valid", True)),
-            "won": bool(info.get("won", False)),
+            "won": bool(info.get("won", terminated and reward > 0)),  # without the key: ended with a positive reward
             "overlong": move.finish_reason == "length",
             "learn": move.learn,
             "prompt_ids": np.asarray(move.prompt_ids, dtype=np.int64),

@@ -123,7 +123,7 @@ def collect_demonstrations(
                 cloned = [row for row in episode.rows if row["learn"]]
                 prompts += [row["prompt_ids"].tolist() for row in cloned]
                 responses += [row["response_ids"].tolist() for row in cloned]
-                successes += int(bool(episode.info.get("won", False)))
+                successes += int(bool(episode.rows and episode.rows[-1]["won"]))
     return Demonstrations(prompts, responses, len(seeds), successes)
 
 

@@ -29,6 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from agent_rl.advantages import compute_advantages
 from agent_rl.config import Config, config_to_dict, resolve, save_config
+from envs import AUTO_SFT_REASONS
 from training import checkpoint
 from training.distributed import broadcast_flag, broadcast_parameters, init_distributed, resolve_device, shutdown_distributed
 from training.engines import Engine, engine_from_config
@@ -89,10 +90,12 @@ class Trainer:
         ``resume`` continues the run in ``trainer.run_dir`` from its last checkpoint.
         ``on_iteration(iteration, metrics)`` is called on the main process after every logged
         iteration (0 is the warm start and its evaluation)."""
-        cfg = self.config = resolve(config)
+        cfg = self.config = resolve(config, make_env)
         self.model, self.tokenizer, self.make_env = model.eval(), tokenizer, make_env  # eval: no dropout
         self.on_iteration = on_iteration
         self.console = console if console is not None else Console(quiet=not cfg.logging.console)
+        if config.sft.mode == "auto":
+            self.console.print(f"sft.mode=auto chose {cfg.sft.mode}: {AUTO_SFT_REASONS[cfg.sft.mode]}")
         if cfg.trainer.torch_threads:
             torch.set_num_threads(cfg.trainer.torch_threads)
         self.dist = init_distributed(next(model.parameters()).device)
@@ -147,8 +150,7 @@ class Trainer:
         from training.policy import load_policy
 
         hf_logging.disable_progress_bar()  # our own progress display replaces the per-shard bars
-        config = resolve(config)
-        make_env = make_env or env_factory(config)
+        make_env = make_env or env_factory(config)  # the constructor resolves the config
         seed_everything(config.trainer.seed)
         if model is None:
             device = resolve_device(config.policy.device)

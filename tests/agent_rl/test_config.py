@@ -127,7 +127,8 @@ def test_resolve_makes_every_open_choice_once(monkeypatch):
     assert resolve(Config()).env.anchor_key == "state"
     assert resolve(load_config("minicode")).env.anchor_key == "fingerprint"
     assert resolve(load_config("minicode", ["env.anchor_key=observation"])).env.anchor_key == "observation"
-    assert resolve(load_config(overrides=["env.id=label/NotRegistered-v0"])).env.anchor_key == "observation"
+    # A label for a user's environment factory: no registered default (sft.mode=auto would need the env).
+    assert resolve(load_config(overrides=["env.id=label/NotRegistered-v0", "sft.mode=none"])).env.anchor_key == "observation"
     # Dr.GRPO's constant normalizer is the generation limit, unless set.
     drgrpo = load_config(overrides=["algo=drgrpo", "rollout.max_new_tokens=7"])
     assert resolve(drgrpo).algo.loss_kwargs["norm_length"] == 7
@@ -136,7 +137,8 @@ def test_resolve_makes_every_open_choice_once(monkeypatch):
     # The input is left alone, and resolving twice changes nothing.
     config = Config()
     once = resolve(config)
-    assert config.algo.advantage is None and config.env.anchor_key is None
+    assert config.algo.advantage is None and config.env.anchor_key is None and config.sft.mode == "auto"
+    assert once.sft.mode == "oracle"  # the Maze gives oracle plans
     assert config_to_dict(resolve(once)) == config_to_dict(once)
     assert (once.algo.advantage, once.algo.loss, once.algo.step_normalize) == ("drgrpo", "gspo_token", "mean")
 
@@ -199,3 +201,20 @@ def test_recipe_environments_construct(recipe):
     env = gym.make(config.env.id, **config.env.kwargs)
     observation, info = env.reset(seed=0)
     assert observation and "won" in info
+
+
+def test_env_kwargs_default_only_for_the_default_environment():
+    from agent_rl.config import DEFAULT_ENV_KWARGS, EnvConfig
+
+    assert Config().env.kwargs == DEFAULT_ENV_KWARGS and EnvConfig(id="userpkg/Lock-v0").kwargs == {}
+    for overrides in (["env.id=userpkg/Lock-v0"], ["env=userpkg/Lock-v0"], ["env.id=mod:agent_rl/Maze-v0"]):
+        assert load_config(overrides=overrides).env.kwargs == {}, overrides
+    # Sub-key edits start from the default of the final id, in either order.
+    for overrides in (["env.id=userpkg/Lock-v0", "env.kwargs.digits=4"], ["env.kwargs.digits=4", "env.id=userpkg/Lock-v0"]):
+        assert load_config(overrides=overrides).env.kwargs == {"digits": 4}, overrides
+    assert load_config(overrides=["env.kwargs.n_rooms=9"]).env.kwargs == {**DEFAULT_ENV_KWARGS, "n_rooms": 9}
+    assert load_config(overrides=["env.kwargs={}"]).env.kwargs == {}  # a whole mapping replaces the default
+    # Recipes that name their environment and its kwargs keep them; one without kwargs gets {}.
+    for name in ("sokoban", "minicode"):
+        assert load_config(name).env.kwargs == yaml.safe_load((RECIPES / f"{name}.yaml").read_text())["env"]["kwargs"]
+    assert load_config(base={"env": {"id": "agent_rl/Sokoban-v0"}}).env.kwargs == {}

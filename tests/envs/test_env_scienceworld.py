@@ -244,3 +244,20 @@ def test_close_stops_the_java_process():
     environment.close()
     assert process.poll() is not None
     environment.close()  # twice is fine
+
+
+@needs_java
+@pytest.mark.slow
+def test_one_training_iteration_through_the_cli(tmp_path):
+    from agent_rl.cli import main
+    from agent_rl.config import load_config
+    from tiny_train import TINY_TRAIN  # tests/envs
+    from training.logger import read_metrics
+
+    run_dir = tmp_path / "scienceworld"
+    overrides = [*TINY_TRAIN, "rollout.n_groups=1", "sft.episodes=1"]  # every environment is a Java process
+    assert main(["train", "env.id=agent_rl/ScienceWorld-v0", "env.kwargs={task: find-plant, max_steps: 4}",
+                 f"trainer.run_dir={run_dir}", *overrides]) == 0
+    records = read_metrics(run_dir)
+    assert [r["iteration"] for r in records] == [0, 1] and records[0]["sft/pairs"] > 0
+    assert load_config(run_dir / "config.yaml").sft.mode == "oracle"  # auto: the gold path

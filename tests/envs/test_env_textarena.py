@@ -238,3 +238,16 @@ def test_sokoban_box_on_goal_stays_in_the_charset():
     for action in oracle_actions(env):
         observation, *_ = env.step(action)
     assert "*" in observation and "?" not in observation and "√" not in observation
+
+
+def test_one_training_iteration_through_the_cli(tmp_path):
+    from agent_rl.cli import main
+    from agent_rl.config import load_config
+    from tiny_train import TINY_TRAIN  # tests/envs
+    from training.logger import read_metrics
+
+    run_dir = tmp_path / "hanoi"
+    assert main(["train", "env.id=textarena/TowerOfHanoi-v0", f"trainer.run_dir={run_dir}", *TINY_TRAIN]) == 0
+    records = read_metrics(run_dir)
+    assert [r["iteration"] for r in records] == [0, 1] and records[0]["sft/pairs"] > 0
+    assert load_config(run_dir / "config.yaml").sft.mode == "oracle"  # auto: the Hanoi adapter plans

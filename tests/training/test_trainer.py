@@ -204,7 +204,7 @@ def test_trainer_takes_a_model_tokenizer_engine_and_environment_factory(tmp_path
                                                          "trainer.iterations=1")), make_env=_GuessEnv)
     assert summary["iterations"] == 1
     with pytest.raises(ValueError, match="sft.mode=oracle needs an environment with an oracle"):
-        train(load_config(overrides=tiny_overrides(tmp_path / "oracle", "env.id=Guess")), make_env=_GuessEnv)
+        train(load_config(overrides=tiny_overrides(tmp_path / "oracle", "env.id=Guess", "sft.mode=oracle")), make_env=_GuessEnv)
 
 
 def test_unknown_environment_is_a_clear_error(tmp_path):
