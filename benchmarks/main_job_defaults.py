@@ -27,7 +27,7 @@ import numpy as np
 from benchmarks.common import RESULTS_DIR, machine_info
 
 COMMON = (
-    "engine=hf", "trainer.target_success=null", "trainer.eval_sampled=false", "logging.tensorboard=false",
+    "trainer.target_success=null", "trainer.eval_sampled=false", "logging.tensorboard=false",
     "logging.console=false", "trainer.save_every=1000",
 )
 ARMS: dict[str, tuple[str, ...]] = {
@@ -36,6 +36,8 @@ ARMS: dict[str, tuple[str, ...]] = {
     "previous": ("algo=gigpo", "algo.advantage=grpo", "algo.step_normalize=mean_std", "algo.loss=grpo",
                  "optim.minibatches=1"),
     # The mission's stack: Dr.GRPO advantages (mean-centred, no std) and GSPO-token, 4 minibatches.
+    # The previous learner with the new schedule alone: 4 minibatches (the single-factor control).
+    "previous-mb4": ("algo=gigpo", "algo.advantage=grpo", "algo.step_normalize=mean_std", "algo.loss=grpo"),
     "new": ("algo=gigpo",),
     "new-lr1e-4": ("algo=gigpo", "optim.lr=1e-4"),
     "new-wide-clip": ("algo=gigpo", "algo.loss_kwargs={clip_low: 0.2, clip_high: 0.28}"),
@@ -60,17 +62,17 @@ def mean_ci(values) -> dict[str, float]:
     return {"mean": float(values.mean()), "ci95": half, "n": int(len(values))}
 
 
-def warm_start(seed: int, out: Path, threads: int) -> Path:
+def warm_start(seed: int, args: argparse.Namespace) -> Path:
     """The seed's shared warm start (the main job's iteration 0), trained once."""
     from agent_rl.config import load_config
     from training import checkpoint
     from training.trainer import train
 
-    run_dir = out / "warm_start" / f"seed{seed}"
+    run_dir = args.out / "warm_start" / f"seed{seed}"
     if not (run_dir / "DONE").exists():
         shutil.rmtree(run_dir, ignore_errors=True)
-        train(load_config(overrides=[*COMMON, f"trainer.seed={seed}", f"trainer.run_dir={run_dir}",
-                                     "trainer.iterations=0", f"trainer.torch_threads={threads}"]))
+        train(load_config(overrides=[*COMMON, f"engine={args.engine}", f"trainer.seed={seed}", f"trainer.run_dir={run_dir}",
+                                     "trainer.iterations=0", f"trainer.torch_threads={args.threads}"]))
         (run_dir / "DONE").touch()
     return checkpoint.find_checkpoint(run_dir, "sft").model_dir
 
@@ -82,10 +84,10 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace) -> list[dict]:
 
     run_dir = args.out / "runs" / arm / f"seed{seed}"
     if not (run_dir / "DONE").exists():
-        start_model = warm_start(seed, args.out, args.threads)
+        start_model = warm_start(seed, args)
         shutil.rmtree(run_dir, ignore_errors=True)
         train(load_config(overrides=[
-            *COMMON, *ARMS[arm], f"policy={start_model}", "sft.mode=none", f"trainer.seed={seed}",
+            *COMMON, *ARMS[arm], f"engine={args.engine}", f"policy={start_model}", "sft.mode=none", f"trainer.seed={seed}",
             f"trainer.run_dir={run_dir}", f"trainer.iterations={args.iterations}", f"trainer.eval_every={args.eval_every}",
             f"trainer.eval_episodes={args.eval_episodes}", f"trainer.torch_threads={args.threads}",
         ]))
@@ -166,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--eval-episodes", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2, help="torch threads per run")
+    parser.add_argument("--engine", default="auto", choices=["auto", "hf", "vllm"], help="rollout engine (auto: vLLM when installed)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "main_job_defaults")
     parser.add_argument("--summarize-only", action="store_true", help="write the summary of finished runs")
     args = parser.parse_args(argv)
@@ -189,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [s for s in args.seeds if all(s in curves[a] for a in arms)]
     payload = {
         "benchmark": "main_job_defaults", "machine": machine_info(), "arms": {a: list(ARMS[a]) for a in arms},
-        "common": list(COMMON), "seeds": seeds, "iterations": args.iterations, "eval_every": args.eval_every,
+        "common": [*COMMON, f"engine={args.engine}"], "seeds": seeds, "iterations": args.iterations, "eval_every": args.eval_every,
         "eval_episodes": args.eval_episodes, "wall_s_of_this_invocation": time.perf_counter() - start,
         "summary": summarize(curves, seeds) if seeds else {}, "curves": curves,
     }

@@ -69,9 +69,9 @@ def play(
     except ImportError as exc:
         errors.print(str(exc), style="red", markup=False)
         return 2
-    if registered not in gym.registry:
-        left_out = unavailable_envs()
-        reason = left_out.get(registered) or left_out.get(registered.split("/")[0] + "/*")
+    left_out = unavailable_envs()
+    reason = left_out.get(registered) or left_out.get(registered.split("/")[0] + "/*")
+    if registered not in gym.registry or reason:
         known = ", ".join(text_env_specs())
         message = f"{env_id} is not available here: {reason}" if reason else f"unknown text environment {env_id!r}; registered: {known}"
         errors.print(message, style="red", markup=False)

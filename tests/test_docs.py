@@ -38,9 +38,14 @@ def test_the_quickstart_block_declares_its_sizes_on_one_line():
     assert len(code.splitlines()) <= 30
 
 
+def test_the_readme_quickstart_is_the_docs_quickstart():
+    assert python_blocks(ROOT / "README.md")[0] == python_blocks(ROOT / "docs" / "quickstart.md")[0]
+
+
 @pytest.mark.slow
 def test_the_quickstart_runs(tmp_path):
-    """The quickstart's code with its sizes shrunk: both runs train and write their run directory."""
+    """The quickstart's code (the README's) with its sizes shrunk: both runs train and write their run
+    directory."""
     (code,) = python_blocks(ROOT / "docs" / "quickstart.md")
     code = re.sub(r"^sizes = \[.*\]", f"sizes = {TINY!r}", code, flags=re.M)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
