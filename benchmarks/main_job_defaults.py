@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import RESULTS_DIR, machine_info
+from benchmarks.paired_stats import mean_interval, paired_difference
 
 COMMON = (
     "trainer.target_success=null", "trainer.eval_sampled=false", "logging.tensorboard=false",
@@ -35,9 +36,9 @@ ARMS: dict[str, tuple[str, ...]] = {
     # token-level loss, one optimizer step per batch.
     "previous": ("algo=gigpo", "algo.advantage=grpo", "algo.step_normalize=mean_std", "algo.loss=grpo",
                  "optim.minibatches=1"),
-    # The mission's stack: Dr.GRPO advantages (mean-centred, no std) and GSPO-token, 4 minibatches.
     # The previous learner with the new schedule alone: 4 minibatches (the single-factor control).
     "previous-mb4": ("algo=gigpo", "algo.advantage=grpo", "algo.step_normalize=mean_std", "algo.loss=grpo"),
+    # The mission's stack: Dr.GRPO advantages (mean-centred, no std) and GSPO-token, 4 minibatches.
     "new": ("algo=gigpo",),
     "new-lr1e-4": ("algo=gigpo", "optim.lr=1e-4"),
     "new-wide-clip": ("algo=gigpo", "algo.loss_kwargs={clip_low: 0.2, clip_high: 0.28}"),
@@ -48,18 +49,10 @@ ARMS: dict[str, tuple[str, ...]] = {
 }
 """Each arm is a set of config overrides on top of the embedded defaults (the main job)."""
 
-T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
-"""Two-sided 95% Student-t quantiles by degrees of freedom 1..10 (the normal value beyond)."""
-
-
 def mean_ci(values) -> dict[str, float]:
     """Mean and the half-width of its 95% t-interval (0 for a single value)."""
-    values = np.asarray(values, dtype=np.float64)
-    half = 0.0
-    if len(values) > 1:
-        t = T95[len(values) - 2] if len(values) - 1 <= len(T95) else 1.96
-        half = float(t * values.std(ddof=1) / np.sqrt(len(values)))
-    return {"mean": float(values.mean()), "ci95": half, "n": int(len(values))}
+    mean, half = mean_interval(np.asarray(values, dtype=np.float64))
+    return {"mean": mean, "ci95": half, "n": len(values)}
 
 
 def warm_start(seed: int, args: argparse.Namespace) -> Path:
@@ -128,10 +121,12 @@ def summarize(curves: dict[str, dict[int, dict]], seeds: list[int]) -> dict:
         }
         if arm != arms[0]:
             base = curves[arms[0]]
+            finals = [[c[s]["greedy_success"][-1] for s in seeds] for c in (per_seed, base)]
+            aucs = [[auc(c[s]) for s in seeds] for c in (per_seed, base)]
             summary[arm]["paired_vs_" + arms[0]] = {
-                "final": mean_ci([per_seed[s]["greedy_success"][-1] - base[s]["greedy_success"][-1] for s in seeds]),
-                "auc": mean_ci([auc(per_seed[s]) - auc(base[s]) for s in seeds]),
-                "per_seed_final": [per_seed[s]["greedy_success"][-1] - base[s]["greedy_success"][-1] for s in seeds],
+                "final": paired_difference(*finals).as_dict() if len(seeds) > 1 else None,
+                "auc": paired_difference(*aucs).as_dict() if len(seeds) > 1 else None,
+                "per_seed_final": (np.subtract(*finals)).tolist(),
             }
     return summary
 
