@@ -41,9 +41,11 @@ ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
     "gspo": {"advantage": "grpo", "loss": "gspo", "step_credit": False, "step_normalize": "mean_std"},
     "rloo": {"advantage": "rloo", "loss": "rloo", "step_credit": False, "step_normalize": "mean"},
     "cispo": {"advantage": "grpo", "loss": "cispo", "step_credit": False, "step_normalize": "mean_std"},
-    # GiGPO credit with Dr.GRPO's mean-centred advantages at both levels (no std: a group whose
-    # returns differ by a few small penalties stays small) and GSPO-token's sequence-level ratio.
-    "gigpo": {"advantage": "drgrpo", "loss": "gspo_token", "step_credit": True, "step_normalize": "mean"},
+    # GiGPO credit with std-normalized advantages at both levels (GRPO's episode level; measured
+    # ahead of the mean-centred Dr.GRPO form on the main job and in the credit testbed, see
+    # docs/benchmarks.md) and GSPO-token's sequence-level ratio. The invalid-action penalty belongs in
+    # algo.invalid_penalty, outside the normalized returns.
+    "gigpo": {"advantage": "grpo", "loss": "gspo_token", "step_credit": True, "step_normalize": "mean_std"},
 }
 """Algorithm presets. Each sets the episode-level advantage, the loss preset, whether GiGPO
 step-level credit is added and how step returns are normalized. ``algo.advantage``, ``algo.loss``,
@@ -274,9 +276,11 @@ class OptimizerConfig:
     """Clip the global gradient norm to this value before each step; 0 disables clipping."""
     epochs: int = 1
     """Passes over each iteration's rollout batch."""
-    minibatches: int = 4
+    minibatches: int = 1
     """Optimizer steps per epoch: the iteration's rows are shuffled and split into this many
-    minibatches, so the ratios leave 1 after the first step and the clip terms act."""
+    minibatches; with more than one, the ratios leave 1 after the first step and the clip terms
+    act. 1 (one on-policy step per batch) is the default because at the main job's lr 4 minibatches
+    lost held-out success in the paired comparison (docs/benchmarks.md)."""
     minibatch_size: int = 0
     """Rows per optimizer step instead of a fixed count (the rows split into ``rows // size``
     minibatches); 0 uses ``minibatches``."""

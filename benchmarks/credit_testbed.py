@@ -202,20 +202,24 @@ class Arm:
     """A second arm compared seed by seed: the GiGPO arm that a GiGPO variant changes one setting of."""
 
 
+GIGPO = {"preset": "gigpo", "advantage": "drgrpo", "step_normalize": "mean"}
+"""The testbed's GiGPO: Dr.GRPO's mean-centred advantages at both levels, omega 1 (the variants
+change one setting of it; ``gigpo-mean_std`` is the std-normalized form)."""
+
 ARMS: dict[str, Arm] = {
     "grpo": Arm({"preset": "grpo"}),
     "drgrpo": Arm({"preset": "drgrpo"}),
     "rloo": Arm({"preset": "rloo"}),
-    "gigpo": Arm({"preset": "gigpo"}),  # Dr.GRPO episode + mean-centred step advantages, omega 1
-    "gigpo-mean_std": Arm({"preset": "gigpo", "advantage": "grpo", "step_normalize": "mean_std"}, reference="gigpo"),
-    "step-only": Arm({"preset": "gigpo", "advantage": "none"}, reference="gigpo"),
-    "gigpo-w0.5": Arm({"preset": "gigpo", "step_weight": 0.5}, reference="gigpo"),
-    "gigpo-w2": Arm({"preset": "gigpo", "step_weight": 2.0}, reference="gigpo"),
-    "gigpo-similarity": Arm({"preset": "gigpo"}, anchor="similarity", reference="gigpo"),
-    "gigpo-context1": Arm({"preset": "gigpo"}, anchor="context", history_turns=1, reference="gigpo"),
-    "gigpo-context2": Arm({"preset": "gigpo"}, anchor="context", history_turns=2, reference="gigpo"),
+    "gigpo": Arm(GIGPO),
+    "gigpo-mean_std": Arm({**GIGPO, "advantage": "grpo", "step_normalize": "mean_std"}, reference="gigpo"),
+    "step-only": Arm({**GIGPO, "advantage": "none"}, reference="gigpo"),
+    "gigpo-w0.5": Arm({**GIGPO, "step_weight": 0.5}, reference="gigpo"),
+    "gigpo-w2": Arm({**GIGPO, "step_weight": 2.0}, reference="gigpo"),
+    "gigpo-similarity": Arm(GIGPO, anchor="similarity", reference="gigpo"),
+    "gigpo-context1": Arm(GIGPO, anchor="context", history_turns=1, reference="gigpo"),
+    "gigpo-context2": Arm(GIGPO, anchor="context", history_turns=2, reference="gigpo"),
     "grpo-g8": Arm({"preset": "grpo"}, group_size=8, baseline="grpo-g8"),
-    "gigpo-g8": Arm({"preset": "gigpo"}, group_size=8, baseline="grpo-g8"),
+    "gigpo-g8": Arm(GIGPO, group_size=8, baseline="grpo-g8"),
 }
 """Every arm uses ``AlgorithmConfig``'s defaults otherwise (gamma 0.95, trajectory statistics)."""
 

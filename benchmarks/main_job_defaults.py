@@ -31,21 +31,20 @@ COMMON = (
     "trainer.target_success=null", "trainer.eval_sampled=false", "logging.tensorboard=false",
     "logging.console=false", "trainer.save_every=1000",
 )
+PREVIOUS = ("algo=gigpo", "algo.advantage=grpo", "algo.step_normalize=mean_std", "algo.loss=grpo", "optim.minibatches=1")
+"""The learner of the main job before the comparison: GRPO's std-normalized advantages at both
+levels, GRPO's token-level loss, one optimizer step per batch (the embedded defaults after it:
+at one step per batch GSPO-token's gradient is GRPO's)."""
+NEW = ("algo=gigpo", "algo.advantage=drgrpo", "algo.step_normalize=mean", "algo.loss=gspo_token", "optim.minibatches=4")
+"""The mission's stack: Dr.GRPO advantages (mean-centred, no std) at both levels and GSPO-token,
+4 minibatches per batch."""
 ARMS: dict[str, tuple[str, ...]] = {
-    # The default before this comparison: GRPO's std-normalized advantages at both levels, GRPO's
-    # token-level loss, one optimizer step per batch.
-    "previous": ("algo=gigpo", "algo.advantage=grpo", "algo.step_normalize=mean_std", "algo.loss=grpo",
-                 "optim.minibatches=1"),
-    # The previous learner with the new schedule alone: 4 minibatches (the single-factor control).
-    "previous-mb4": ("algo=gigpo", "algo.advantage=grpo", "algo.step_normalize=mean_std", "algo.loss=grpo"),
-    # The mission's stack: Dr.GRPO advantages (mean-centred, no std) and GSPO-token, 4 minibatches.
-    "new": ("algo=gigpo",),
-    "new-lr1e-4": ("algo=gigpo", "optim.lr=1e-4"),
-    "new-wide-clip": ("algo=gigpo", "algo.loss_kwargs={clip_low: 0.2, clip_high: 0.28}"),
-    "new-wide-clip-lr1e-4": ("algo=gigpo", "optim.lr=1e-4", "algo.loss_kwargs={clip_low: 0.2, clip_high: 0.28}"),
-    "new-env-penalty": ("algo=gigpo", "env.kwargs.invalid_action_penalty=0.01"),
-    "new-credit-penalty": ("algo=gigpo", "algo.invalid_penalty=0.01"),
-    "new-lr1e-4-penalty0.05": ("algo=gigpo", "optim.lr=1e-4", "algo.invalid_penalty=0.05"),
+    "previous": PREVIOUS,
+    "previous-mb4": (*PREVIOUS, "optim.minibatches=4"),  # the schedule alone
+    "new": NEW,
+    "new-lr1e-4": (*NEW, "optim.lr=1e-4"),
+    "new-env-penalty": (*NEW, "env.kwargs.invalid_action_penalty=0.01"),
+    "new-credit-penalty": (*NEW, "algo.invalid_penalty=0.01"),
 }
 """Each arm is a set of config overrides on top of the embedded defaults (the main job)."""
 

@@ -178,6 +178,10 @@ def test_step_advantages_by_hand():
     )
 
 
+GIGPO_MEAN = ["algo=gigpo", "algo.advantage=drgrpo", "algo.step_normalize=mean"]
+"""GiGPO with mean-centred advantages at both levels (no std), whose values are easy by hand."""
+
+
 def step_batch(group, traj, reward, keys, valid=None) -> StepBatch:
     return StepBatch.for_credit(group, traj, reward, anchor_key=keys, action_valid=valid)
 
@@ -186,9 +190,9 @@ def test_pipeline_by_hand():
     # One group, two trajectories from state s0. Trajectory 0: s0 -> s1 (reward 1). Trajectory 1:
     # s0 -> s0 -> s1 (reward 1 at the end). Episode returns 1 and 1: zero episode advantage.
     batch = step_batch([0] * 5, [0, 0, 1, 1, 1], [0, 1, 0, 0, 1], ["s0", "s1", "s0", "s0", "s1"])
-    credit = compute_advantages(batch, resolved_algo(["algo=gigpo", "algo.gamma=0.5"]))
+    credit = compute_advantages(batch, resolved_algo([*GIGPO_MEAN, "algo.gamma=0.5"]))
     # Step returns (gamma 0.5): traj0 [0.5, 1], traj1 [0.25, 0.5, 1]. Anchor group s0 = {0.5, 0.25,
-    # 0.5}, mean 5/12; s1 = {1, 1}, mean 1 (the gigpo preset is mean-centred, no std).
+    # 0.5}, mean 5/12; s1 = {1, 1}, mean 1 (mean-centred, no std).
     expected = np.array([0.5 - 5 / 12, 0.0, 0.25 - 5 / 12, 0.5 - 5 / 12, 0.0])
     np.testing.assert_allclose(credit.advantages, expected, atol=1e-12)
     np.testing.assert_allclose(credit.episode, 0.0)
@@ -207,13 +211,14 @@ def test_pipeline_is_episode_plus_weighted_step():
     episode_returns = np.array([1.0, 1.0, 0.0, 0.0])
     batch = step_batch([0, 0, 0, 0], [0, 0, 1, 1], [0.0, 1.0, 0.0, 0.0], ["s0", "s1", "s0", "s1"])
     step_returns = discounted_returns(batch.reward, batch.traj_id, 0.9)
-    for preset, mode, normalize in (("gigpo", "drgrpo", "mean"), ("grpo", "grpo", "mean_std")):
+    for preset, mode, normalize in (("gigpo", "grpo", "mean_std"), ("grpo", "grpo", "mean_std")):
         algo = resolved_algo([f"algo={preset}", "algo.step_credit=true", "algo.step_weight=0.5", "algo.gamma=0.9"])
         episode = episode_advantages(episode_returns, batch.group_id, batch.traj_id, mode=mode)
         step = step_advantages(step_returns, batch.group_id, batch.anchor_key, normalize=normalize)
         np.testing.assert_allclose(compute_advantages(batch, algo).advantages, episode + 0.5 * step)
-    # By hand for gigpo: episode +-0.5; step returns [0.9, 1, 0, 0]: anchor groups s0 {0.9, 0}, s1 {1, 0}.
-    algo = resolved_algo(["algo=gigpo", "algo.step_weight=0.5", "algo.gamma=0.9"])
+    # By hand for the mean-centred form: episode +-0.5; step returns [0.9, 1, 0, 0]: anchor groups
+    # s0 {0.9, 0}, s1 {1, 0}.
+    algo = resolved_algo([*GIGPO_MEAN, "algo.step_weight=0.5", "algo.gamma=0.9"])
     np.testing.assert_allclose(
         compute_advantages(batch, algo).advantages, [0.5 + 0.5 * 0.45, 0.5 + 0.5 * 0.5, -0.5 - 0.5 * 0.45, -0.5 - 0.5 * 0.5]
     )
@@ -222,16 +227,16 @@ def test_pipeline_is_episode_plus_weighted_step():
 def test_step_only_credit_by_hand():
     # Trajectory 0 wins (s0 -> s1, reward 1), trajectory 1 loses (s0 -> s0, reward 0). gamma 0.5.
     batch = step_batch([0] * 4, [0, 0, 1, 1], [0, 1, 0, 0], ["s0", "s1", "s0", "s0"])
-    step_only = compute_advantages(batch, resolved_algo(["algo=gigpo", "algo.advantage=none", "algo.gamma=0.5"]))
+    step_only = compute_advantages(batch, resolved_algo([*GIGPO_MEAN, "algo.advantage=none", "algo.gamma=0.5"]))
     # Step returns [0.5, 1, 0, 0]; anchor group s0 = {0.5, 0, 0} (mean 1/6), s1 = {1} (singleton: 0).
     np.testing.assert_allclose(step_only.advantages, [0.5 - 1 / 6, 0.0, -1 / 6, -1 / 6], atol=1e-12)
     np.testing.assert_array_equal(step_only.episode, np.zeros(4))
     np.testing.assert_array_equal(step_only.advantages, step_only.step)
     # GiGPO adds the episode part (Dr.GRPO: +-0.5) to exactly these step advantages.
-    gigpo = compute_advantages(batch, resolved_algo(["algo=gigpo", "algo.gamma=0.5"]))
+    gigpo = compute_advantages(batch, resolved_algo([*GIGPO_MEAN, "algo.gamma=0.5"]))
     np.testing.assert_allclose(gigpo.advantages - step_only.advantages, [0.5, 0.5, -0.5, -0.5], atol=1e-12)
     # step_weight still scales the step part; mean_std normalization applies as usual.
-    weighted = compute_advantages(batch, resolved_algo(["algo=gigpo", "algo.advantage=none", "algo.gamma=0.5",
+    weighted = compute_advantages(batch, resolved_algo([*GIGPO_MEAN, "algo.advantage=none", "algo.gamma=0.5",
                                                         "algo.step_weight=2"]))
     np.testing.assert_allclose(weighted.advantages, 2 * step_only.advantages, atol=1e-12)
 
@@ -245,7 +250,7 @@ def test_step_only_credit_needs_step_credit():
 def test_invalid_penalty_is_charged_to_the_invalid_step_alone():
     # Both trajectories win (return 1). Trajectory 1 made an invalid action at its first turn.
     batch = step_batch([0] * 5, [0, 0, 1, 1, 1], [0, 1, 0, 0, 1], ["s0", "s1", "s0", "s0", "s1"], valid=[1, 1, 0, 1, 1])
-    overrides = ["algo=gigpo", "algo.gamma=0.5"]
+    overrides = [*GIGPO_MEAN, "algo.gamma=0.5"]
     plain = compute_advantages(batch, resolved_algo(overrides))
     penalized = compute_advantages(batch, resolved_algo([*overrides, "algo.invalid_penalty=0.1"]))
     np.testing.assert_allclose(penalized.advantages - plain.advantages, [0, 0, -0.1, 0, 0], atol=1e-12)

@@ -140,7 +140,7 @@ def test_resolve_makes_every_open_choice_once(monkeypatch):
     assert config.algo.advantage is None and config.env.anchor_key is None and config.sft.mode == "auto"
     assert once.sft.mode == "oracle"  # the Maze gives oracle plans
     assert config_to_dict(resolve(once)) == config_to_dict(once)
-    assert (once.algo.advantage, once.algo.loss, once.algo.step_normalize) == ("drgrpo", "gspo_token", "mean")
+    assert (once.algo.advantage, once.algo.loss, once.algo.step_normalize) == ("grpo", "gspo_token", "mean_std")
 
 
 def test_resolved_config_round_trips_through_yaml(tmp_path):

@@ -102,7 +102,9 @@ def test_sequence_logprobs_reject_bad_input(policy):
 
 def test_minibatch_count():
     optim = load_config().optim
-    assert optim.minibatches == 4 and optim.minibatch_size == 0
+    assert optim.minibatches == 1 and optim.minibatch_size == 0
+    assert minibatch_count(10, optim) == 1
+    optim.minibatches = 4
     assert minibatch_count(10, optim) == 4
     assert minibatch_count(3, optim) == 3  # never more minibatches than rows
     optim.minibatch_size = 4

@@ -150,7 +150,7 @@ def test_a_run_written_before_configs_were_resolved_still_resumes(tmp_path):
     run_dir = tmp_path / "old"
     overrides = tiny_overrides(run_dir, "trainer.iterations=1")
     train(load_config(overrides=overrides))
-    assert load_config(run_dir / "config.yaml").algo.advantage == "drgrpo"  # written resolved
+    assert load_config(run_dir / "config.yaml").algo.advantage == "grpo"  # written resolved
     old = config_to_dict(load_config(overrides=[*overrides, "engine=auto"]))  # what a default run recorded
     assert old["engine"]["kind"] == "auto" and old["env"]["anchor_key"] is None and old["algo"]["loss"] is None
     _as_written_before_resolution(run_dir, old)
