@@ -75,7 +75,7 @@ LOSS_PRESETS: dict[str, dict[str, Any]] = {
 LOSS_KWARGS = ("ratio_level", "clip_low", "clip_high", "cispo_cap", "loss_agg", "norm_length")
 """Keys ``algo.loss_kwargs`` may override on top of the loss preset (``agent_rl.losses.policy_loss``)."""
 
-ACTION_PARSERS = ("first_line", "action_tag")
+ACTION_PARSERS = ("first_line", "action_tag", "admissible")
 """How actions are read from completions (``training.prompts.PARSERS`` implements each)."""
 
 
@@ -175,15 +175,21 @@ class RolloutConfig:
     max_prompt_tokens: int = 1024
     """Prompt budget; over it, history goes oldest first, then the head of the observation."""
     max_new_tokens: int = 24
-    """Generation limit per turn; a response that hits it is ``overlong``."""
+    """Generation limit per turn; a response that hits it is ``overlong``. The warm start warns when a
+    demonstrated reply is longer (its action could never be played)."""
     temperature: float = 1.0
     """Sampling temperature."""
     top_p: float = 1.0
     """Nucleus sampling mass; keep 1.0 for on-policy RL (the learner does not renormalize)."""
     parser: Literal[ACTION_PARSERS] = "first_line"
-    """How actions are read from completions: ``first_line`` (embedded model) or ``action_tag``."""
+    """How actions are read from completions: ``first_line`` (the embedded model), ``action_tag`` (the
+    content of an ``<action>`` tag) or ``admissible`` (the first admissible action the reply names, for
+    instruct models that answer in sentences; a reply that names none is an invalid action)."""
     show_admissible_actions: bool = True
     """List the environment's admissible actions in the prompt when it provides them."""
+    max_admissible_actions: int = 0
+    """List at most this many admissible actions, in the environment's order (0: all); keeps prompts
+    short where the list is long (TextWorld, ScienceWorld). The ``admissible`` parser accepts all of them."""
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: drop groups whose trajectory returns are all equal, collect more."""
     max_resample_rounds: int = 3
@@ -197,7 +203,7 @@ class RolloutConfig:
         for name in ("n_groups", "group_size", "max_turns", "max_prompt_tokens", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("history_turns", "max_resample_rounds", "overlong_buffer"):
+        for name in ("history_turns", "max_admissible_actions", "max_resample_rounds", "overlong_buffer"):
             if getattr(self, name) < 0:
                 raise ValueError(f"RolloutConfig.{name} must be >= 0, got {getattr(self, name)}")
         if self.overlong_buffer > self.max_new_tokens:

@@ -231,7 +231,8 @@ def accumulate_policy_gradient(
     Rows with zero advantage and no KL term have exactly zero gradient, so they are counted in the
     normalizers but never forwarded. ``shard=(rank, world_size)`` forwards only this rank's share of
     the rows (normalizers stay global), so summing the ranks' gradients gives the full gradient.
-    Returns token-weighted metrics over the rows this call forwarded."""
+    Returns token-weighted metrics over the rows this call forwarded, its row count and the tokens
+    the model forwarded for them (``forwarded_tokens``: prompts and responses, padding included)."""
     lengths = np.array([len(r) for r in responses], dtype=np.int64)
     kl_on = loss_kwargs.get("kl_coef", 0.0) > 0
     if kl_on and reference is None:
@@ -247,13 +248,15 @@ def accumulate_policy_gradient(
     device = next(model.parameters()).device
     sums: dict[str, float] = defaultdict(float)
     tokens_seen = 0.0
-    forwarded = 0
+    forwarded = forwarded_tokens = 0
     for rows in (batch[shard[0] :: shard[1]] for batch in plan):
         if len(rows) == 0:
             continue
         forwarded += len(rows)
         batch_prompts = [prompts[i] for i in rows]
         batch_responses = [responses[i] for i in rows]
+        forwarded_tokens += _forwarded_tokens([np.arange(len(rows))], batch_prompts, np.array([len(p) for p in batch_prompts]),
+                                              lengths[rows])
         logits, targets, mask = response_logits(model, batch_prompts, batch_responses)
         token_logp = F.log_softmax(logits.float() / temperature, dim=-1)
         logp = token_logp.gather(2, targets[..., None])[..., 0] * mask
@@ -282,6 +285,7 @@ def accumulate_policy_gradient(
                 sums[key] += value * weight
     metrics = {k: (v if k in RATIO_EXTREMES or k == "loss" else v / max(tokens_seen, 1.0)) for k, v in sums.items()}
     metrics["active_rows"] = float(forwarded)
+    metrics["forwarded_tokens"] = float(forwarded_tokens)
     return metrics
 
 
@@ -369,4 +373,6 @@ class Learner:
             if key in combined:
                 combined[key] = float(extreme(m[key] for m in step_metrics))
         combined["optimizer_steps"] = float(len(step_metrics))
+        # This process's total over the update (under torch.distributed, its share of the rows).
+        combined["forwarded_tokens"] = float(sum(m["forwarded_tokens"] for m in step_metrics))
         return {f"update/{k}": v for k, v in combined.items()}

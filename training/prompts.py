@@ -23,6 +23,10 @@ SYSTEM_ACTION_TAG = (
     "You may think briefly first. Then give exactly one action inside <action></action> tags, "
     "for example <action>go north</action>."
 )
+SYSTEM_ADMISSIBLE = (
+    "You are an agent in a text game. Read the task and the observation, then choose one of the admissible "
+    "actions. Reply with that action, written exactly as listed, and nothing else."
+)
 TRUNCATION_MARK = "..."
 
 
@@ -57,11 +61,38 @@ def parse_action_tag(text: str) -> tuple[str, bool]:
     return action, found
 
 
-PARSERS: dict[str, Callable[[str], tuple[str, bool]]] = {
-    "first_line": parse_first_line,
-    "action_tag": parse_action_tag,
+def _words(text: str) -> str:
+    """Lower-case words separated by single spaces, padded with one space on each side."""
+    return " " + " ".join(re.findall(r"[a-z0-9]+", text.lower())) + " "
+
+
+def parse_admissible(text: str, admissible_actions: Sequence[str] | None) -> tuple[str, bool]:
+    """The admissible action the reply names first, for instruct models that answer in sentences.
+
+    The reply (the content of its first ``<action>`` tag when it has one) names an action when the
+    action's words occur in it as whole words, in order and adjacent, ignoring case and punctuation:
+    "I go north." names ``go north``, "I will take the key." does not name ``take key``. When several
+    are named, the one that starts first wins, the longer on a tie. A reply that names none is not
+    mapped to anything: its first line goes to the environment as an invalid action (``found`` False).
+    Without an admissible list (free-form actions) this is :func:`parse_first_line`."""
+    tagged, has_tag = parse_action_tag(text)
+    reply = tagged if has_tag else text
+    if not admissible_actions:
+        return parse_first_line(reply)
+    words = _words(reply)
+    named = [(words.find(_words(a)), -len(_words(a)), a) for a in admissible_actions if _words(a).strip()]
+    named = [n for n in named if n[0] >= 0]
+    if named:
+        return min(named)[2], True
+    return parse_first_line(reply)[0], False
+
+
+PARSERS: dict[str, Callable[[str, Sequence[str] | None], tuple[str, bool]]] = {
+    "first_line": lambda text, admissible_actions: parse_first_line(text),
+    "action_tag": lambda text, admissible_actions: parse_action_tag(text),
+    "admissible": parse_admissible,
 }
-SYSTEM_PROMPTS = {"first_line": SYSTEM_FIRST_LINE, "action_tag": SYSTEM_ACTION_TAG}
+SYSTEM_PROMPTS = {"first_line": SYSTEM_FIRST_LINE, "action_tag": SYSTEM_ACTION_TAG, "admissible": SYSTEM_ADMISSIBLE}
 
 
 def render_user_message(
@@ -71,11 +102,13 @@ def render_user_message(
     admissible_actions: Sequence[str] | None,
     total_turns: int,
     history_observations: bool = True,
+    max_admissible_actions: int = 0,
 ) -> str:
     """The user message: task, the given history turns, current observation, admissible actions.
 
     ``total_turns`` is how many turns the episode has had (it may exceed ``len(history)``).
-    ``history_observations=False`` shows only the actions of the history turns."""
+    ``history_observations=False`` shows only the actions of the history turns.
+    ``max_admissible_actions`` > 0 lists only the first that many actions, and says how many more there are."""
     parts = [f"Task: {task.strip() or '(none given)'}"]
     if history:
         first = total_turns - len(history) + 1
@@ -86,7 +119,9 @@ def render_user_message(
             parts.append(f"[Action {first + offset}] {turn.action.strip() or '(empty)'}")
     parts.append(f"[Current observation]\n{observation.strip()}")
     if admissible_actions:
-        parts.append("Admissible actions: " + " | ".join(a.strip() for a in admissible_actions))
+        listed = admissible_actions[:max_admissible_actions] if max_admissible_actions else admissible_actions
+        more = f" | ... ({len(admissible_actions) - len(listed)} more)" if len(listed) < len(admissible_actions) else ""
+        parts.append("Admissible actions: " + " | ".join(a.strip() for a in listed) + more)
     parts.append("Your action:")
     return "\n".join(parts)
 
@@ -114,6 +149,8 @@ class PromptFormat:
     """None uses the parser's instructions; ``""`` sends no system message."""
     show_admissible_actions: bool = True
     """List the environment's admissible actions when it provides them."""
+    max_admissible_actions: int = 0
+    """List at most this many admissible actions, in the environment's order (0: all of them)."""
     max_prompt_tokens: int = 1024
     """Token budget; over it, history goes oldest first, then the head of the observation."""
 
@@ -124,6 +161,8 @@ class PromptFormat:
             raise ValueError(f"history_turns must be >= 0, got {self.history_turns}")
         if self.max_prompt_tokens < 1:
             raise ValueError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
+        if self.max_admissible_actions < 0:
+            raise ValueError(f"max_admissible_actions must be >= 0, got {self.max_admissible_actions}")
 
     @classmethod
     def from_rollout(cls, rollout) -> PromptFormat:
@@ -131,12 +170,13 @@ class PromptFormat:
         return cls(
             parser=rollout.parser, history_turns=rollout.history_turns, history_observations=rollout.history_observations,
             system_prompt=rollout.system_prompt, show_admissible_actions=rollout.show_admissible_actions,
-            max_prompt_tokens=rollout.max_prompt_tokens,
+            max_admissible_actions=rollout.max_admissible_actions, max_prompt_tokens=rollout.max_prompt_tokens,
         )
 
-    def parse(self, text: str) -> tuple[str, bool]:
-        """The action in a completion: ``(action, found)``."""
-        return PARSERS[self.parser](text)
+    def parse(self, text: str, admissible_actions: Sequence[str] | None = None) -> tuple[str, bool]:
+        """The action in a completion: ``(action, found)``. ``admissible_actions`` are the environment's
+        (only the ``admissible`` parser reads them; it accepts all of them, listed in the prompt or not)."""
+        return PARSERS[self.parser](text, admissible_actions)
 
     def response_text(self, action: str) -> str:
         """What the model should write to play ``action`` (the target of a demonstration)."""
@@ -150,6 +190,7 @@ class PromptFormat:
         user = render_user_message(
             task, shown, observation, admissible_actions if self.show_admissible_actions else None,
             total_turns=len(history), history_observations=self.history_observations,
+            max_admissible_actions=self.max_admissible_actions,
         )
         system = SYSTEM_PROMPTS[self.parser] if self.system_prompt is None else self.system_prompt
         return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]

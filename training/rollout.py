@@ -126,8 +126,9 @@ class PolicyActor:
         completions = self.engine.generate(prompts, 1, self.sampling)
         self.stats.generate_seconds += time.perf_counter() - start
         moves = []
-        for prompt, (completion,) in zip(prompts, completions):
-            action, found = self.format.parse(self.tokenizer.decode(completion.token_ids, skip_special_tokens=True))
+        for episode, prompt, (completion,) in zip(episodes, prompts, completions):
+            text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+            action, found = self.format.parse(text, episode.admissible_actions)
             moves.append(Move(action, prompt, completion.token_ids, completion.logprobs, completion.finish_reason, found))
         return moves
 

@@ -196,9 +196,19 @@ def warm_start(model: torch.nn.Module, tokenizer, make_env: EnvFactory, config: 
     )
     metrics = train_supervised(model, demos, steps=sft.steps, lr=sft.lr, batch_size=sft.batch_size, rng=rng,
                                progress=config.logging.console)
+    limit = config.rollout.max_new_tokens
+    too_long = [len(r) for r in demos.responses if len(r) > limit]
+    metrics["sft/overlong_fraction"] = len(too_long) / len(demos)
     if console is not None:
         console.print(
             f"SFT ({sft.mode}): {int(metrics['sft/pairs'])} pairs, {sft.steps} steps, "
             f"token accuracy {metrics['sft/token_accuracy']:.3f}, loss {metrics['sft/loss']:.3f}"
         )
+        if too_long:
+            # The policy learns replies that generation then cuts off: those actions can never be played.
+            console.print(
+                f"[yellow]warning[/]: {len(too_long)} of {len(demos)} demonstrated replies are longer than "
+                f"rollout.max_new_tokens={limit} (up to {max(too_long)} tokens with the end-of-sequence token); "
+                "the policy cannot finish them when it acts. Raise rollout.max_new_tokens."
+            )
     return metrics

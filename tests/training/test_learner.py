@@ -215,6 +215,28 @@ def test_gradient_does_not_depend_on_micro_batch_split(loss):
     torch.testing.assert_close(whole, reference, rtol=1e-4, atol=1e-7)
 
 
+def test_forwarded_tokens_count_shared_prefixes_once_and_padding():
+    from agent_rl.config import LOSS_PRESETS
+
+    model = _tiny_model()
+    prompts = [np.array([1, 2, 3, 4]), np.array([1, 2, 5]), np.array([6, 7])]
+    responses = [np.array([8, 9]), np.array([10]), np.array([11, 12, 13])]
+    old = [np.full(len(r), -2.0, dtype=np.float32) for r in responses]
+    kwargs = {**LOSS_PRESETS["grpo"], "kl_coef": 0.0}
+
+    def forwarded(advantages, micro_batch_size):
+        return accumulate_policy_gradient(model, prompts, responses, old, np.array(advantages), loss_kwargs=kwargs,
+                                          temperature=1.0, micro_batch_size=micro_batch_size)["forwarded_tokens"]
+
+    # The first two share [1, 2]: forwarded once, then 2 rows x (2 more prompt + 2 response tokens).
+    assert forwarded([1.0, -1.0, 0.0], 3) == 2 + 2 * (2 + 2)
+    # With the third row, the plan keeps the two apart from it (10 + 5 tokens), cheaper than one
+    # micro-batch padding all three to 4 prompt + 3 response tokens (21).
+    assert forwarded([1.0, -1.0, 0.5], 3) == 10 + (2 + 3)
+    # One row per micro-batch: each row's own length; a zero-advantage row is not forwarded.
+    assert forwarded([1.0, 0.0, 0.5], 1) == (4 + 2) + (2 + 3)
+
+
 def _length_plan(prompts, responses, rows, size):
     order = rows[np.argsort([len(prompts[i]) + len(responses[i]) for i in rows], kind="stable")]
     return np.split(order, np.arange(size, len(order), size))

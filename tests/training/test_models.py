@@ -252,18 +252,19 @@ def test_smollm2_trains_one_iteration(smollm2, tmp_path):
     from training.logger import read_metrics
     from training.trainer import train
 
-    config = load_config(overrides=[
+    # The bundled recipe, shrunk: one warm-start step, one iteration of two 2-turn episodes.
+    config = load_config("smollm2-maze", overrides=[
         f"policy={SMOLLM2}", "engine=hf", f"trainer.run_dir={tmp_path}", "trainer.iterations=1", "trainer.eval_every=0",
-        "trainer.eval_episodes=1", "trainer.eval_sampled=false", "trainer.target_success=null", "sft.mode=none",
+        "trainer.eval_episodes=1", "trainer.eval_sampled=false", "sft.steps=1", "sft.batch_size=2", "sft.episodes=2",
         "env.kwargs={n_rooms: 2, n_locked_doors: 0, dead_ends: 0, extra_edges: 0, n_distractors: 0, max_steps: 2}",
-        "rollout.n_groups=1", "rollout.group_size=2", "rollout.max_turns=2", "rollout.history_turns=1",
-        "rollout.max_new_tokens=6", "optim.micro_batch_size=4", "logging.console=false", "logging.tensorboard=false",
-        "algo=grpo", "algo.kl_coef=0", "trainer.recompute_old_logprobs=true", "optim.minibatches=1",
+        "rollout.n_groups=1", "rollout.group_size=2", "rollout.max_turns=2", "optim.micro_batch_size=4",
+        "logging.console=false", "logging.tensorboard=false", "trainer.recompute_old_logprobs=true",
     ])
     summary = train(config)
     assert summary["iterations"] == 1
     record = read_metrics(tmp_path)[-1]
     assert record["iteration"] == 1 and "time/update" in record and "eval/greedy_success" in record
+    assert read_metrics(tmp_path)[0]["sft/pairs"] > 0
     # The engine's old logprobs are the learner's: on-policy ratios start at 1.
     assert record["update/logprob_mismatch_max"] < 1e-3 and record["rollout/rows"] == 4
     assert checkpoint.find_checkpoint(tmp_path, "last").iteration == 1

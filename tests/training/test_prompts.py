@@ -19,8 +19,8 @@ def build_prompt_ids(tokenizer, task, history, observation, admissible, **fields
     return PromptFormat(**fields).prompt_ids(tokenizer, task, history, observation, admissible)
 
 
-def parse_action(text, parser):
-    return PromptFormat(parser=parser).parse(text)
+def parse_action(text, parser, admissible=None):
+    return PromptFormat(parser=parser).parse(text, admissible)
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +146,7 @@ def test_parsers_on_examples():
 
 @given(st.text())
 def test_parsers_never_raise_and_return_one_stripped_line(text):
-    for parser in ("first_line", "action_tag"):
+    for parser in ("first_line", "action_tag", "admissible"):
         action, found = parse_action(text, parser)
         assert found == bool(action)
         assert action == action.strip() and len(action.splitlines()) <= 1
@@ -155,3 +155,48 @@ def test_parsers_never_raise_and_return_one_stripped_line(text):
 @given(st.text(alphabet=st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp")), min_size=1).filter(lambda s: s.strip() and "<" not in s))
 def test_action_tag_recovers_the_tagged_action(action):
     assert parse_action(f"thinking...<action>{action}</action>", "action_tag") == (action.strip(), True)
+
+
+MAZE_ACTIONS = ["go north", "go east", "take key", "take brass key", "unlock north door with brass key", "look"]
+
+
+@pytest.mark.parametrize("reply, expected", [
+    ("go north", ("go north", True)),
+    ("I will go north.", ("go north", True)),                      # named inside a sentence
+    ("GO   North!", ("go north", True)),                           # case, spacing and punctuation ignored
+    ("I will take the key.", ("I will take the key.", False)),     # "take key" is not named: invalid, not mapped
+    ("Take brass key, then go east", ("take brass key", True)),    # the first named wins
+    ("take key or go east", ("take key", True)),
+    ("unlock north door with brass key", ("unlock north door with brass key", True)),  # longer wins at one start
+    ("I choose <action>go east</action>, not go north", ("go east", True)),           # a tag's content decides
+    ("forgo northward", ("forgo northward", False)),               # whole words only
+    ("", ("", False)),
+    ("\n  look around\nlater", ("look", True)),
+])
+def test_admissible_parser_on_examples(reply, expected):
+    assert parse_action(reply, "admissible", MAZE_ACTIONS) == expected
+
+
+def test_admissible_parser_without_a_list_reads_the_first_line():
+    assert parse_action("print 1\nmore", "admissible", None) == ("print 1", True)
+    assert parse_action("<action>print 2</action>", "admissible", []) == ("print 2", True)
+
+
+@given(st.sampled_from(MAZE_ACTIONS), st.text(alphabet="abcdefghijklmnopqrstuvwxyz ,.!", max_size=30))
+def test_admissible_parser_finds_a_named_action_and_only_admissible_ones(action, prefix):
+    parsed, found = parse_action(f"{prefix} {action}.", "admissible", MAZE_ACTIONS)
+    assert found and parsed in MAZE_ACTIONS
+    words = " ".join(f"{prefix} {action}".lower().replace(",", " ").replace(".", " ").replace("!", " ").split())
+    assert f" {parsed} " in f" {words} "  # the chosen action is named in the reply
+
+
+def test_admissible_list_is_capped_and_says_how_many_more():
+    fmt = PromptFormat(parser="admissible", max_admissible_actions=2)
+    user = fmt.messages("t", [], "o", ["a", "b", "c", "d"])[1]["content"]
+    assert "Admissible actions: a | b | ... (2 more)\n" in user
+    assert "Admissible actions: a | b\n" in PromptFormat(max_admissible_actions=2).messages("t", [], "o", ["a", "b"])[1]["content"]
+    assert fmt.parse("I pick d", ["a", "b", "c", "d"]) == ("d", True)  # an unlisted admissible action is still accepted
+    with pytest.raises(ValueError, match="max_admissible_actions"):
+        PromptFormat(max_admissible_actions=-1)
+    with pytest.raises(ValueError, match="max_admissible_actions"):
+        RolloutConfig(max_admissible_actions=-1)

@@ -183,3 +183,24 @@ def test_supervised_training_learns_a_fixed_reply():
     assert not model.training
     with pytest.raises(ValueError, match="no SFT demonstrations"):
         train_supervised(model, Demonstrations([], [], 1, 0), steps=1, lr=1e-3, batch_size=1, rng=np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("max_new_tokens, warned", [(1, True), (16, False)])
+def test_warm_start_warns_when_demonstrated_replies_exceed_the_generation_limit(policy, max_new_tokens, warned):
+    import copy
+
+    from rich.console import Console
+
+    from agent_rl.config import load_config
+    from training.sft import warm_start
+
+    model, tokenizer = policy
+    config = load_config(overrides=[
+        "env.id=usertest/Counter-v0", "env.kwargs={max_target: 3, max_steps: 10}", "sft.mode=oracle", "sft.steps=1",
+        "sft.episodes=2", "sft.batch_size=2", f"rollout.max_new_tokens={max_new_tokens}", "logging.console=false",
+    ])
+    console = Console(record=True, width=400)
+    metrics = warm_start(copy.deepcopy(model), tokenizer, COUNTER, config, console)
+    # Every reply is an action plus the end-of-sequence token: at least 2 tokens, at most a few.
+    assert metrics["sft/overlong_fraction"] == (1.0 if warned else 0.0)
+    assert ("longer than rollout.max_new_tokens=1" in console.export_text()) == warned
