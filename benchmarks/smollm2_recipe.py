@@ -7,7 +7,8 @@ and writes, under ``--out`` (default ``benchmarks/results/smollm2_recipe``):
   - the machine's float32 matmul peak (torch, 2048 x 2048 x 2048, best of 5, measured before the run);
   - held-out greedy success by iteration against the zero-shot baseline of
     ``benchmarks/results/smollm2_zero_shot.json`` (the same environment and parser);
-  - seconds per phase (warm start, rollout, advantages, update, weight sync, evaluation) and the wall time;
+  - seconds per phase (rollout, advantages, update, weight sync, evaluation) and the wall time, which
+    also holds loading, starting the engine and the warm start;
   - rollout tokens/s, the learner's forwarded tokens/s and its achieved FLOP/s, estimated as
     6 x non-embedding parameters x forwarded tokens / update seconds (the usual dense-transformer
     count: attention and the output layer, which the learner applies to response tokens only, are

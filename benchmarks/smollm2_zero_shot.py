@@ -21,11 +21,12 @@ from rich.console import Console
 
 from agent_rl.config import load_config, resolve
 from benchmarks.common import write_result
-from training.engines import SamplingParams, engine_from_config
+from training.engines import engine_from_config
 from training.envpool import env_factory
 from training.evaluation import eval_seeds, evaluate
 from training.policy import load_policy
 from training.prompts import PromptFormat
+from training.rollout import Episode, PlayStats, PolicyActor, sampling_params
 
 SMALL_MAZE = "{n_rooms: 2, n_locked_doors: 0, dead_ends: 0, extra_edges: 0, n_distractors: 0, max_steps: 10}"
 MAIN_JOB_MAZE = "{n_rooms: 4, n_locked_doors: 1, dead_ends: 1, extra_edges: 0, n_distractors: 0, max_steps: 20}"
@@ -55,24 +56,22 @@ def cell_config(env: str, parser: str, policy: str, engine: str, episodes: int, 
     return resolve(config, make_env), make_env
 
 
-def first_replies(engine, tokenizer, make_env, config, n: int) -> list[dict[str, str]]:
-    """The greedy reply to the first observation of the first ``n`` held-out episodes, and its parse."""
-    fmt = PromptFormat.from_rollout(config.rollout)
-    rows, prompts = [], []
-    for seed in eval_seeds(n):
+def first_replies(engine, tokenizer, make_env, config, n: int) -> list[dict]:
+    """The greedy reply to the first observation of the first ``n`` held-out episodes, and the action
+    the policy's actor (the one rollouts and evaluation use) reads in it."""
+    episodes = []
+    for slot, seed in enumerate(eval_seeds(n)):
         env = make_env()
         observation, info = env.reset(seed=seed)
-        admissible = info.get("admissible_actions")
-        prompts.append(fmt.prompt_ids(tokenizer, str(info.get("task", "")), [], observation, admissible))
-        rows.append({"observation": observation, "admissible": admissible})
         env.close()
-    completions = engine.generate(prompts, 1, SamplingParams(max_new_tokens=config.rollout.max_new_tokens, greedy=True))
-    replies = []
-    for row, (completion,) in zip(rows, completions):
-        text = tokenizer.decode(completion.token_ids, skip_special_tokens=True)
-        action, found = fmt.parse(text, row["admissible"])
-        replies.append({**row, "reply": text, "action": action, "named": found})
-    return replies
+        episodes.append(Episode(slot, seed, slot, task=str(info.get("task", "")), observation=observation, info=info))
+    actor = PolicyActor(engine, tokenizer, PromptFormat.from_rollout(config.rollout),
+                        sampling_params(config.rollout, greedy=True), PlayStats())
+    return [
+        {"observation": e.observation, "admissible": e.admissible_actions, "action": move.action, "named": move.parsed,
+         "reply": tokenizer.decode(move.response_ids, skip_special_tokens=True)}
+        for e, move in zip(episodes, actor.act(episodes))
+    ]
 
 
 def main(argv: list[str] | None = None) -> Path:
