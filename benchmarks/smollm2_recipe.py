@@ -12,7 +12,8 @@ and writes, under ``--out`` (default ``benchmarks/results/smollm2_recipe``):
   - rollout tokens/s, the learner's forwarded tokens/s and its achieved FLOP/s, estimated as
     6 x non-embedding parameters x forwarded tokens / update seconds (the usual dense-transformer
     count: attention and the output layer, which the learner applies to response tokens only, are
-    left out, so it errs low), as a fraction of the matmul peak.
+    left out, so it errs low; 4 x with LoRA adapters, whose frozen weights need no weight gradients),
+    as a fraction of the matmul peak.
 
     python -m benchmarks.smollm2_recipe
     python -m benchmarks.smollm2_recipe --out /tmp/recipe trainer.iterations=1 sft.steps=2   # a short check
@@ -57,15 +58,19 @@ def zero_shot_baseline(config) -> dict[str, Any] | None:
     return None
 
 
-def summarize(records: list[dict[str, Any]], non_embedding_parameters: int, peak: float) -> dict[str, Any]:
-    """Curve, phase seconds and throughput of a finished run's metrics records."""
+def summarize(records: list[dict[str, Any]], non_embedding_parameters: int, peak: float,
+              flops_per_token_per_parameter: int = 6) -> dict[str, Any]:
+    """Curve, phase seconds and throughput of a finished run's metrics records; a forwarded token
+    costs ``flops_per_token_per_parameter`` FLOPs per non-embedding parameter (forward 2, activation
+    gradients 2, weight gradients 2)."""
     evals = [r for r in records if "eval/greedy_success" in r]
     iterations = [r for r in records if r["iteration"] > 0]
     phase_seconds = {phase: float(sum(r.get(f"time/{phase}", 0.0) for r in records)) for phase in PHASES}
     update_seconds = phase_seconds["update"]
     forwarded = float(sum(r.get("update/forwarded_tokens", 0.0) for r in iterations))
     generated = float(sum(r["rollout/tokens_per_s"] * r["time/rollout"] for r in iterations))
-    learner_flops = 6 * non_embedding_parameters * forwarded / update_seconds if update_seconds else 0.0
+    flops = flops_per_token_per_parameter * non_embedding_parameters * forwarded
+    learner_flops = flops / update_seconds if update_seconds else 0.0
     return {
         "curve": {
             "iteration": [r["iteration"] for r in evals],
@@ -124,7 +129,8 @@ def main(argv: list[str] | None = None) -> Path:
         "recipe": RECIPE, "overrides": args.overrides, "parameters": parameters, "non_embedding_parameters": non_embedding,
         "matmul_peak_flops_per_s": peak,
         "best_greedy_success": max((r["eval/greedy_success"] for r in records if "eval/greedy_success" in r), default=None),
-        "zero_shot": zero_shot_baseline(config), **summarize(records, non_embedding, peak),
+        "zero_shot": zero_shot_baseline(config),
+        **summarize(records, non_embedding, peak, flops_per_token_per_parameter=4 if config.policy.lora_rank else 6),
     }
     path = write_result("smollm2_recipe", result, args.out)
     console.print(f"wrote {path}")
