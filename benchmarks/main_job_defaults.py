@@ -49,6 +49,9 @@ ARMS: dict[str, tuple[str, ...]] = {
     # (discounted into earlier steps' returns, normalized with them) or the algorithm's step credit.
     "env-penalty": ("env.kwargs.invalid_action_penalty=0.1",),
     "credit-penalty": ("algo.invalid_penalty=0.1",),
+    # Episode statistics over rows (verl-agent) instead of trajectories: a group's advantages then sum
+    # to 0 over its rows, however much longer its failing trajectories are.
+    "step-stats": ("algo.episode_stats=step",),
 }
 """Each arm is a set of config overrides on top of the embedded defaults (the main job)."""
 
