@@ -59,17 +59,17 @@ def zero_shot_baseline(config) -> dict[str, Any] | None:
 
 
 def summarize(records: list[dict[str, Any]], non_embedding_parameters: int, peak: float,
-              flops_per_token_per_parameter: int = 6) -> dict[str, Any]:
+              weight_gradients: bool = True) -> dict[str, Any]:
     """Curve, phase seconds and throughput of a finished run's metrics records; a forwarded token
-    costs ``flops_per_token_per_parameter`` FLOPs per non-embedding parameter (forward 2, activation
-    gradients 2, weight gradients 2)."""
+    costs 2 FLOPs per non-embedding parameter forward, 2 for activation gradients and, unless the
+    weights are frozen (``weight_gradients=False``, LoRA), 2 for weight gradients."""
     evals = [r for r in records if "eval/greedy_success" in r]
     iterations = [r for r in records if r["iteration"] > 0]
     phase_seconds = {phase: float(sum(r.get(f"time/{phase}", 0.0) for r in records)) for phase in PHASES}
     update_seconds = phase_seconds["update"]
     forwarded = float(sum(r.get("update/forwarded_tokens", 0.0) for r in iterations))
     generated = float(sum(r["rollout/tokens_per_s"] * r["time/rollout"] for r in iterations))
-    flops = flops_per_token_per_parameter * non_embedding_parameters * forwarded
+    flops = (6 if weight_gradients else 4) * non_embedding_parameters * forwarded
     learner_flops = flops / update_seconds if update_seconds else 0.0
     return {
         "curve": {
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> Path:
         "matmul_peak_flops_per_s": peak,
         "best_greedy_success": max((r["eval/greedy_success"] for r in records if "eval/greedy_success" in r), default=None),
         "zero_shot": zero_shot_baseline(config),
-        **summarize(records, non_embedding, peak, flops_per_token_per_parameter=4 if config.policy.lora_rank else 6),
+        **summarize(records, non_embedding, peak, weight_gradients=not config.policy.lora_rank),
     }
     path = write_result("smollm2_recipe", result, args.out)
     console.print(f"wrote {path}")
