@@ -1,14 +1,17 @@
 """The main job's learner settings compared as an experiment: arms x paired seeds on the README Maze.
 
-Every arm of a seed starts from that seed's one warm start (the default oracle clone, trained once),
-draws the same training seed stream and is evaluated greedily on the same held-out mazes, so the
-arms differ only in their learner settings (common random numbers). No early stop: every run trains
+Every arm of a seed starts from that seed's one warm start (the default oracle clone, trained once;
+the arms of ``WARM_START_ARMS`` train their own instead), draws the same training seed stream and is
+evaluated greedily on the same held-out mazes, so the arms differ only in their settings (common
+random numbers). No early stop: every run trains
 ``--iterations`` iterations and is evaluated every ``--eval-every`` on ``--eval-episodes`` mazes.
 
     python -m benchmarks.main_job_defaults                         # the committed comparison
     python -m benchmarks.main_job_defaults --arms previous,new --seeds 0 1 --iterations 10
     python -m benchmarks.main_job_defaults --arms env-penalty,credit-penalty --iterations 6 --eval-every 3 \
         --out benchmarks/results/invalid_penalty        # the two forms of the invalid-action penalty
+    python -m benchmarks.main_job_defaults --arms shortest-900,explore-900,shortest-300 --iterations 0 \
+        --out benchmarks/results/warm_start_teacher     # the warm start's teacher and length
 
 Outputs under ``--out`` (default ``benchmarks/results/main_job_defaults``): each run's
 ``metrics.jsonl`` and ``config.yaml`` (no checkpoints), ``summary.json`` with every curve and the
@@ -54,6 +57,17 @@ ARMS: dict[str, tuple[str, ...]] = {
     "step-stats": ("algo.episode_stats=step",),
 }
 """Each arm is a set of config overrides on top of the embedded defaults (the main job)."""
+WARM_START_ARMS: dict[str, tuple[str, ...]] = {
+    # The clone's teacher and length: the Maze's shortest plans (made with the whole map) or the
+    # explorer's (made from the current observation alone, so clonable exactly), cloned for the
+    # default 300 steps or for 900.
+    "shortest-300": (),
+    "shortest-900": ("sft.steps=900",),
+    "explore-900": ("sft.steps=900", "env.kwargs.oracle=explore"),
+}
+"""Arms that change the warm start: each trains its own, with these overrides, instead of starting
+from the seed's shared one (with ``--iterations 0`` they compare warm starts alone)."""
+KNOWN_ARMS = {**ARMS, **WARM_START_ARMS}
 
 def mean_ci(values) -> dict[str, float]:
     """Mean and the half-width of its 95% t-interval (0 for a single value)."""
@@ -83,11 +97,10 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace) -> list[dict]:
 
     run_dir = args.out / "runs" / arm / f"seed{seed}"
     if not (run_dir / "DONE").exists():
-        start_model = warm_start(seed, args)
+        start = [] if arm in WARM_START_ARMS else [f"policy={warm_start(seed, args)}", "sft.mode=none"]
         shutil.rmtree(run_dir, ignore_errors=True)
         train(load_config(overrides=[
-            *COMMON, *ARMS[arm], f"engine={args.engine}", f"policy={start_model}", "sft.mode=none", f"trainer.seed={seed}",
-            f"trainer.run_dir={run_dir}", f"trainer.iterations={args.iterations}", f"trainer.eval_every={args.eval_every}",
+            *COMMON, *KNOWN_ARMS[arm], f"engine={args.engine}", *start, f"trainer.seed={seed}", f"trainer.run_dir={run_dir}", f"trainer.iterations={args.iterations}", f"trainer.eval_every={args.eval_every}",
             f"trainer.eval_episodes={args.eval_episodes}", f"trainer.torch_threads={args.threads}",
         ]))
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
@@ -97,15 +110,16 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace) -> list[dict]:
 
 def curve(records: list[dict]) -> dict[str, list[float]]:
     evals = [r for r in records if r.get("eval/greedy_success") is not None]
+    trained = [r for r in records if r["iteration"] > 0]
     return {
         "iteration": [r["iteration"] for r in evals],
         "greedy_success": [r["eval/greedy_success"] for r in evals],
         "greedy_invalid_rate": [r["eval/greedy_invalid_rate"] for r in evals],
-        "sampled_rollout_success": [r.get("rollout/success_rate") for r in records if r["iteration"] > 0],
-        "clip_frac": [r.get("update/clip_frac") for r in records if r["iteration"] > 0],
-        "approx_kl": [r.get("update/approx_kl") for r in records if r["iteration"] > 0],
+        "sampled_rollout_success": [r.get("rollout/success_rate") for r in trained],
+        "clip_frac": [r.get("update/clip_frac") for r in trained],
+        "approx_kl": [r.get("update/approx_kl") for r in trained],
         "seconds_per_iteration": float(np.mean([r.get("time/rollout", 0) + r.get("time/update", 0) + r.get("time/advantage", 0)
-                                                for r in records if r["iteration"] > 0])),
+                                                for r in trained])) if trained else None,
     }
 
 
@@ -163,7 +177,7 @@ def plot(curves: dict[str, dict[int, dict]], seeds: list[int], path: Path) -> No
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arms", default="previous,new", help=f"comma-separated, the first is the baseline; known: {', '.join(ARMS)}")
+    parser.add_argument("--arms", default="previous,new", help=f"comma-separated, the first is the baseline; known: {', '.join(KNOWN_ARMS)}")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--eval-every", type=int, default=5)
@@ -174,9 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--summarize-only", action="store_true", help="write the summary of finished runs")
     args = parser.parse_args(argv)
     arms = args.arms.split(",")
-    unknown = [a for a in arms if a not in ARMS]
+    unknown = [a for a in arms if a not in KNOWN_ARMS]
     if unknown:
-        parser.error(f"unknown arm(s) {', '.join(unknown)}; known: {', '.join(ARMS)}")
+        parser.error(f"unknown arm(s) {', '.join(unknown)}; known: {', '.join(KNOWN_ARMS)}")
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     start = time.perf_counter()
@@ -192,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                 progress.advance(task)
     seeds = [s for s in args.seeds if all(s in curves[a] for a in arms)]
     payload = {
-        "benchmark": "main_job_defaults", "machine": machine_info(), "arms": {a: list(ARMS[a]) for a in arms},
+        "benchmark": "main_job_defaults", "machine": machine_info(), "arms": {a: list(KNOWN_ARMS[a]) for a in arms},
         "common": [*COMMON, f"engine={args.engine}"], "seeds": seeds, "iterations": args.iterations, "eval_every": args.eval_every,
         "eval_episodes": args.eval_episodes, "wall_s_of_this_invocation": time.perf_counter() - start,
         "summary": summarize(curves, seeds) if seeds else {}, "curves": curves,

@@ -44,6 +44,9 @@ GOAL_NAMES = ("golden chalice", "ancient idol", "jeweled crown", "silver harp", 
 HELD = -1
 """Item location meaning "in the player's inventory"."""
 
+ORACLES = ("shortest", "explore")
+"""What ``MazeEnv.oracle()`` can plan (see its ``oracle`` argument)."""
+
 GRAMMAR = (
     "go <north|east|south|west>, take <item>, drop <item>, unlock <direction> door with <key>, look, inventory"
 )
@@ -202,7 +205,10 @@ class MazeEnv(TextEnv):
             (keys may hide there).
         n_distractors: useless items lying around.
         max_steps: step limit; ``None`` picks ``(2 * n_locked_doors + 1) * n_rooms + 10``, which is
-            always enough for the oracle.
+            always enough for the shortest oracle.
+        oracle: what ``oracle()`` plans. ``"shortest"``: a shortest winning plan, found with the whole
+            map. ``"explore"``: the plan of an explorer that acts on the current observation alone,
+            so a policy that sees it can clone the plan action for action (tree mazes only).
     """
 
     def __init__(
@@ -214,6 +220,7 @@ class MazeEnv(TextEnv):
         dead_ends: int = 2,
         n_distractors: int = 2,
         max_steps: int | None = None,
+        oracle: str = "shortest",
         **base_kwargs: Any,
     ) -> None:
         if not 2 <= n_rooms <= len(ADJECTIVES) * len(ROOM_NOUNS):
@@ -230,6 +237,12 @@ class MazeEnv(TextEnv):
             raise ValueError(f"extra_edges must be >= 0, got {extra_edges}")
         if not 0 <= n_distractors <= len(DISTRACTOR_NAMES):
             raise ValueError(f"n_distractors must be in [0, {len(DISTRACTOR_NAMES)}], got {n_distractors}")
+        if oracle not in ORACLES:
+            raise ValueError(f"oracle must be one of {ORACLES}, got {oracle!r}")
+        if oracle == "explore" and extra_edges:
+            raise ValueError(
+                f"oracle='explore' follows walls, which can circle a loop forever; it needs extra_edges=0, got {extra_edges}"
+            )
         if max_steps is None:
             max_steps = (2 * n_locked_doors + 1) * n_rooms + 10
         super().__init__(max_steps=max_steps, **base_kwargs)
@@ -238,12 +251,15 @@ class MazeEnv(TextEnv):
         self.extra_edges = extra_edges
         self.dead_ends = dead_ends
         self.n_distractors = n_distractors
+        self.oracle_kind = oracle
         self.world: MazeWorld | None = None
         self._room = 0
         self._unlocked = 0
         """Bit mask of unlocked doors."""
         self._items: tuple[int, ...] = ()
         """Per item: its room, or HELD."""
+        self._last_passage: tuple[str, str] | None = None
+        """``(verb, direction)`` when the last command went or unlocked a door that way, else None."""
         self._cache: dict[tuple, tuple[list[str], str]] = {}
         """Per state of this episode: (admissible actions, anchor)."""
 
@@ -256,6 +272,7 @@ class MazeEnv(TextEnv):
         self._room = self.world.start_room
         self._unlocked = 0
         self._items = self.world.initial_items
+        self._last_passage = None
         self._cache = {}
         self.task = (
             f"Find the {self.world.item_names[self.world.goal_item]} and take it. "
@@ -264,6 +281,7 @@ class MazeEnv(TextEnv):
         return self._describe()
 
     def _apply(self, command: str) -> Transition:
+        self._last_passage = None
         verb, _, rest = command.partition(" ")
         if verb in DIRECTION_ALIASES and not rest:
             verb, rest = "go", DIRECTION_ALIASES[verb]
@@ -292,6 +310,7 @@ class MazeEnv(TextEnv):
         if door >= 0 and not self._unlocked >> door & 1:
             return self._invalid(f"The {direction} door is locked.")
         self._room = neighbour
+        self._last_passage = ("go", direction)
         return Transition(self._describe(f"You go {direction}."))
 
     def _take(self, name: str) -> Transition:
@@ -325,6 +344,7 @@ class MazeEnv(TextEnv):
         if self.world.door_keys[door] != key:
             return self._invalid(f"The {key_name} does not fit the {direction} door.")
         self._unlocked |= 1 << door
+        self._last_passage = ("unlock", direction)
         return Transition(self._describe(f"You unlock the {direction} door with the {key_name}."))
 
     def _invalid(self, message: str) -> Transition:
@@ -403,6 +423,46 @@ class MazeEnv(TextEnv):
         return self._items[self.world.goal_item] == HELD
 
     def oracle(self) -> list[str]:
+        """A winning plan from the current state: the shortest one, or the explorer's (``oracle`` argument)."""
+        return self._explore_plan() if self.oracle_kind == "explore" else self._shortest_plan()
+
+    def _explore_action(self) -> str:
+        """The explorer's command, a function of the current observation (whose first line tells how
+        the player got here): take the goal or a key in sight, unlock a door it holds the key of, walk
+        through a door it just unlocked, else follow the right-hand wall (the first exit clockwise
+        after the one it came in by; after any other command, the first exit in compass order). On a
+        tree that visits every reachable room, so it always wins."""
+        admissible = self._state_facts()[0]
+        goal = f"take {self.world.item_names[self.world.goal_item]}"
+        takes = [a for a in admissible if a == goal] + [a for a in admissible if a.startswith("take ") and a.endswith(" key")]
+        unlocks = [a for a in admissible if a.startswith("unlock ")]
+        if takes or unlocks:
+            return (takes + unlocks)[0]
+        verb, direction = self._last_passage or ("", "")
+        if verb == "unlock":
+            return f"go {direction}"
+        first = (DIRECTIONS.index(OPPOSITE[direction]) + 1) if verb == "go" else 0
+        open_exits = {a.removeprefix("go ") for a in admissible if a.startswith("go ")}
+        return next(f"go {d}" for d in DIRECTIONS[first:] + DIRECTIONS[:first] if d in open_exits)
+
+    def _explore_plan(self) -> list[str]:
+        """The explorer's commands until it wins, simulated on this episode and undone."""
+        saved = (self._room, self._unlocked, self._items, self._last_passage)
+        plan: list[str] = []
+        seen = set()
+        try:
+            while not self.is_won():
+                state = (self._room, self._unlocked, self._items, self._last_passage)
+                if state in seen:
+                    raise RuntimeError("the explorer circles in this maze (it needs a tree; this is a bug)")
+                seen.add(state)
+                plan.append(self._explore_action())
+                self._apply(plan[-1])
+        finally:
+            self._room, self._unlocked, self._items, self._last_passage = saved
+        return plan
+
+    def _shortest_plan(self) -> list[str]:
         """Shortest winning plan by BFS over (room, held keys and goal, unlocked doors).
 
         Dropping, looking and taking distractors never shorten a plan (the inventory is unbounded and

@@ -1,6 +1,10 @@
-"""The main-job comparison's statistics, on hand-made curves (no training)."""
+"""The main-job comparison: its statistics on hand-made curves, its arms on a stand-in trainer (no training)."""
 
 from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
 
 import pytest
 
@@ -36,3 +40,32 @@ def test_unknown_arm_is_an_error_naming_it(capsys):
     with pytest.raises(SystemExit):
         main(["--arms", "previous,bogus", "--summarize-only"])
     assert "unknown arm(s) bogus" in capsys.readouterr().err
+
+
+def test_warm_start_arms_train_their_own_warm_start(tmp_path, monkeypatch):
+    """A warm-start arm passes its overrides to one training run from scratch (its own warm start);
+    a learner arm starts from the seed's shared warm start with cloning off. The one-point curves of
+    warm starts alone (``--iterations 0``) summarize like any others."""
+    import benchmarks.main_job_defaults as bench
+    import training.trainer
+
+    calls = []
+
+    def fake_train(config):
+        calls.append(config)
+        run = Path(config.trainer.run_dir)
+        run.mkdir(parents=True)
+        (run / "metrics.jsonl").write_text(json.dumps({"iteration": 0, "eval/greedy_success": 0.5, "eval/greedy_invalid_rate": 0.1}) + "\n")
+
+    monkeypatch.setattr(training.trainer, "train", fake_train)
+    monkeypatch.setattr(bench, "warm_start", lambda seed, args: tmp_path / "shared")
+    args = argparse.Namespace(out=tmp_path, engine="hf", iterations=0, eval_every=5, eval_episodes=4, threads=1)
+    own = bench.curve(bench.run_arm("explore-900", 3, args))
+    bench.run_arm("previous", 3, args)
+    assert (calls[0].sft.steps, calls[0].env.kwargs["oracle"], calls[0].sft.mode, calls[0].trainer.seed) == (900, "explore", "auto", 3)
+    assert calls[0].policy.name_or_path == "embedded"
+    assert calls[1].sft.mode == "none" and calls[1].policy.name_or_path == str(tmp_path / "shared")
+    assert own == {**own, "iteration": [0], "greedy_success": [0.5], "seconds_per_iteration": None}
+    summary = bench.summarize({"a": {0: own, 1: own}, "b": {0: own, 1: {**own, "greedy_success": [0.75]}}}, [0, 1])
+    assert summary["b"]["paired_vs_a"]["per_seed_final"] == pytest.approx([0.0, 0.25])
+    assert summary["b"]["auc_greedy_success"]["mean"] == pytest.approx(0.625)

@@ -14,6 +14,7 @@ from envs.maze import DIRECTIONS, HELD, OPPOSITE, MazeEnv
 
 SETTINGS = [
     dict(n_rooms=4, n_locked_doors=1, extra_edges=0, dead_ends=1, n_distractors=0),
+    dict(n_rooms=4, n_locked_doors=1, extra_edges=0, dead_ends=1, n_distractors=0, oracle="explore"),
     dict(),
     dict(n_rooms=25, n_locked_doors=5, extra_edges=4, dead_ends=6, n_distractors=4),
 ]
@@ -135,6 +136,72 @@ def test_hostile_input_is_invalid_and_changes_nothing(action):
     assert step_info["admissible_actions"] == info["admissible_actions"]
     assert (reward, terminated, truncated) == (0.0, False, False)
     assert observation in env.observation_space
+
+
+TREE = dict(n_rooms=8, n_locked_doors=2, extra_edges=0, dead_ends=2, n_distractors=2)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31), choices=st.lists(st.integers(0, 10**6), max_size=15))
+def test_explore_oracle_wins_from_anywhere_and_leaves_the_episode_alone(seed, choices):
+    """After random play (drops and detours included), the explorer's plan wins, is all valid
+    commands, and planning it changes nothing in the episode."""
+    env = MazeEnv(**TREE, oracle="explore", max_steps=500)
+    _, info = env.reset(seed=seed)
+    for choice in choices:
+        if env.is_won():
+            return
+        _, _, _, _, info = env.step(info["admissible_actions"][choice % len(info["admissible_actions"])])
+    state = (env._room, env._unlocked, env._items, env._last_passage, env.anchor())
+    plan = env.oracle()
+    assert (env._room, env._unlocked, env._items, env._last_passage, env.anchor()) == state
+    for command in plan:
+        _, _, terminated, _, info = env.step(command)
+        assert info["action_valid"], command
+    assert terminated and info["won"]
+
+
+def test_explore_oracle_acts_on_the_observation_alone():
+    """The explorer's next command is a function of the task and the observation with the room's name
+    left out (names differ between mazes): the same text never gets two commands, over 300 mazes.
+    That is what makes it clonable by a policy that sees no more than that."""
+    env = MazeEnv(n_rooms=4, n_locked_doors=1, extra_edges=0, dead_ends=1, n_distractors=0, oracle="explore")
+    chosen: dict[tuple[str, str], str] = {}
+    for seed in range(300):
+        observation, info = env.reset(seed=seed)
+        for command in env.oracle():
+            seen = "\n".join(line for line in observation.splitlines() if not line.startswith("You are in the "))
+            assert chosen.setdefault((info["task"], seen), command) == command
+            assert env.oracle()[0] == command  # planning again from here agrees
+            observation, _, _, _, info = env.step(command)
+        assert info["won"]
+    assert len(set(chosen.values())) > 5
+
+
+def test_explore_oracle_follows_the_right_hand_wall():
+    """Hand-built corridor west-east with a side room north of the middle: coming in from the west, the
+    first exit clockwise after west is north (the side room); coming back from it, east."""
+    env = MazeEnv(n_rooms=4, n_locked_doors=0, extra_edges=0, dead_ends=1, n_distractors=0, oracle="explore")
+    env.reset(seed=0)
+    env._room, env._last_passage = 0, ("go", "east")
+    env.world.exits[0].clear()
+    env.world.exits[0].update({"north": (1, -1), "east": (2, -1), "west": (3, -1)})
+    env._cache.clear()
+    env._items = tuple(2 if i == env.world.goal_item else room for i, room in enumerate(env._items))
+    assert env._explore_action() == "go north"
+    env._last_passage = ("go", "south")  # back from the side room: in by the north exit
+    assert env._explore_action() == "go east"
+    env._last_passage = None  # after look, take or an invalid command: compass order
+    assert env._explore_action() == "go north"
+    env._last_passage = ("unlock", "west")
+    assert env._explore_action() == "go west"
+
+
+def test_explore_oracle_needs_a_tree_and_oracle_kinds_are_checked():
+    with pytest.raises(ValueError, match="extra_edges=0"):
+        MazeEnv(extra_edges=1, oracle="explore")
+    with pytest.raises(ValueError, match="oracle must be one of"):
+        MazeEnv(oracle="greedy")
 
 
 def test_truncation_rewards_and_penalties():
