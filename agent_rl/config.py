@@ -314,7 +314,9 @@ class SFTConfig:
     steps: int = 300
     """Optimizer steps of supervised training."""
     lr: float = 1e-3
-    """AdamW learning rate of the warm start."""
+    """AdamW learning rate of the warm start (the peak, under a schedule)."""
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """constant, or cosine: linear warmup over the first 5% of the steps, then cosine decay towards 0."""
     batch_size: int = 16
     """(prompt, response) pairs per step."""
     episodes: int = 400

@@ -10,8 +10,8 @@ random numbers). No early stop: every run trains
     python -m benchmarks.main_job_defaults --arms previous,new --seeds 0 1 --iterations 10
     python -m benchmarks.main_job_defaults --arms env-penalty,credit-penalty --iterations 6 --eval-every 3 \
         --out benchmarks/results/invalid_penalty        # the two forms of the invalid-action penalty
-    python -m benchmarks.main_job_defaults --arms shortest-900,explore-900,shortest-300 --iterations 0 \
-        --out benchmarks/results/warm_start_teacher     # the warm start's teacher and length
+    python -m benchmarks.main_job_defaults --arms shortest-900,explore-900,shortest-300,explore-900-cosine \
+        --iterations 0 --out benchmarks/results/warm_start_teacher  # the warm start's teacher, length, schedule
 
 Outputs under ``--out`` (default ``benchmarks/results/main_job_defaults``): each run's
 ``metrics.jsonl`` and ``config.yaml`` (no checkpoints), ``summary.json`` with every curve and the
@@ -60,10 +60,11 @@ ARMS: dict[str, tuple[str, ...]] = {
 WARM_START_ARMS: dict[str, tuple[str, ...]] = {
     # The clone's teacher and length: the Maze's shortest plans (made with the whole map) or the
     # explorer's (made from the current observation alone, so clonable exactly), cloned for the
-    # default 300 steps or for 900.
+    # default 300 steps or for 900, at the default constant learning rate or with a cosine decay.
     "shortest-300": (),
     "shortest-900": ("sft.steps=900",),
     "explore-900": ("sft.steps=900", "env.kwargs.oracle=explore"),
+    "explore-900-cosine": ("sft.steps=900", "env.kwargs.oracle=explore", "sft.lr_schedule=cosine"),
 }
 """Arms that change the warm start: each trains its own, with these overrides, instead of starting
 from the seed's shared one (with ``--iterations 0`` they compare warm starts alone)."""

@@ -10,6 +10,7 @@ prompts, and the response is the action followed by the tokenizer's EOS, as the 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -142,6 +143,18 @@ def supervised_step(
     return float(loss.detach()), accuracy
 
 
+def scheduled_lr(step: int, steps: int, lr: float, schedule: str) -> float:
+    """Learning rate of optimizer step ``step`` (0-based) of ``steps``. ``constant``: ``lr``.
+    ``cosine``: a linear warmup over the first 5% of the steps (at least one), then a cosine decay from
+    ``lr`` towards 0, so training ends on a settled iterate rather than on a full-size step."""
+    if schedule == "constant":
+        return lr
+    warmup = max(1, round(0.05 * steps))
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    return lr * 0.5 * (1.0 + math.cos(math.pi * (step - warmup) / (steps - warmup)))
+
+
 def train_supervised(
     model: torch.nn.Module,
     demos: Demonstrations,
@@ -150,10 +163,11 @@ def train_supervised(
     lr: float,
     batch_size: int,
     rng: np.random.Generator,
+    schedule: str = "constant",
     progress: bool = True,
 ) -> dict[str, float]:
-    """``steps`` AdamW steps on random batches of ``demos``; reports the loss and token accuracy
-    averaged over the last tenth of the steps (at least one)."""
+    """``steps`` AdamW steps on random batches of ``demos`` with the learning rate of ``scheduled_lr``;
+    reports the loss and token accuracy averaged over the last tenth of the steps (at least one)."""
     if len(demos) == 0:
         raise ValueError("no SFT demonstrations were collected")
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
@@ -165,7 +179,9 @@ def train_supervised(
     )
     with Progress(*columns, disable=not progress, transient=True) as bar:
         task = bar.add_task("sft", total=steps, loss=float("nan"), acc=float("nan"))
-        for _ in range(steps):
+        for step in range(steps):
+            for group in optimizer.param_groups:
+                group["lr"] = scheduled_lr(step, steps, lr, schedule)
             rows = rng.choice(len(demos), size=min(batch_size, len(demos)), replace=False)
             loss, accuracy = supervised_step(
                 model, optimizer, [demos.prompts[i] for i in rows], [demos.responses[i] for i in rows]
@@ -195,7 +211,7 @@ def warm_start(model: torch.nn.Module, tokenizer, make_env: EnvFactory, config: 
         perturb=sft.perturb,
     )
     metrics = train_supervised(model, demos, steps=sft.steps, lr=sft.lr, batch_size=sft.batch_size, rng=rng,
-                               progress=config.logging.console)
+                               schedule=sft.lr_schedule, progress=config.logging.console)
     limit = config.rollout.max_new_tokens
     too_long = [len(r) for r in demos.responses if len(r) > limit]
     metrics["sft/overlong_fraction"] = len(too_long) / len(demos)

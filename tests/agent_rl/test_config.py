@@ -71,6 +71,7 @@ def test_yaml_file_then_overrides(tmp_path):
         ("engine.kind=tpu", "config key 'engine.kind': 'tpu' is not one of"),
         ("sft.mode=expert", "config key 'sft.mode': 'expert' is not one of"),
         ("sft.perturb=1", "config key 'sft.perturb': must be in [0, 1)"),
+        ("sft.lr_schedule=linear", "config key 'sft.lr_schedule': 'linear' is not one of"),
         ("logging.console=maybe", "config key 'logging.console' expects true/false"),
         ("optim.betas=[0.9]", "config key 'optim.betas' expects a list of 2 values"),
         ("trainer.iterations", "is not of the form key=value"),

@@ -3,6 +3,7 @@ supervised step."""
 
 from __future__ import annotations
 
+import math
 import re
 
 import gymnasium as gym
@@ -15,7 +16,7 @@ from agent_rl.config import RolloutConfig
 from envs import oracle_actions
 from training.envpool import RegisteredEnv
 from training.prompts import PromptFormat, Turn
-from training.sft import Demonstrations, collect_demonstrations, supervised_step, train_supervised
+from training.sft import Demonstrations, collect_demonstrations, scheduled_lr, supervised_step, train_supervised
 
 COUNTER = RegisteredEnv("usertest/Counter-v0", {"max_target": 5, "max_steps": 40})
 
@@ -183,6 +184,34 @@ def test_supervised_training_learns_a_fixed_reply():
     assert not model.training
     with pytest.raises(ValueError, match="no SFT demonstrations"):
         train_supervised(model, Demonstrations([], [], 1, 0), steps=1, lr=1e-3, batch_size=1, rng=np.random.default_rng(0))
+
+
+def test_cosine_schedule_warms_up_then_decays_towards_zero():
+    # 40 steps: a 2-step warmup, then half a cosine period over the remaining 38.
+    assert [scheduled_lr(s, 40, 2.0, "cosine") for s in (0, 1, 2)] == [1.0, 2.0, 2.0]
+    assert scheduled_lr(21, 40, 2.0, "cosine") == pytest.approx(1.0)  # a quarter period: cos(pi/2) = 0
+    assert scheduled_lr(39, 40, 2.0, "cosine") == pytest.approx(1.0 + math.cos(math.pi * 37 / 38))
+    decay = [scheduled_lr(s, 40, 2.0, "cosine") for s in range(2, 40)]
+    assert all(a > b > 0 for a, b in zip(decay, decay[1:]))
+    assert {scheduled_lr(s, 40, 2.0, "constant") for s in range(40)} == {2.0}
+    assert scheduled_lr(0, 1, 2.0, "cosine") == 2.0  # one step is all warmup
+
+
+def test_supervised_training_steps_with_the_scheduled_learning_rate(monkeypatch):
+    import training.sft as sft
+
+    seen = []
+    step = sft.supervised_step
+
+    def recording_step(model, optimizer, *batch):
+        seen.append(optimizer.param_groups[0]["lr"])
+        return step(model, optimizer, *batch)
+
+    monkeypatch.setattr(sft, "supervised_step", recording_step)
+    demos = Demonstrations(prompts=[[1, 2], [3]], responses=[[4]] * 2, episodes=2, successes=2)
+    train_supervised(_tiny_lm(8), demos, steps=40, lr=2.0, batch_size=1, rng=np.random.default_rng(0),
+                     schedule="cosine", progress=False)
+    assert seen == pytest.approx([scheduled_lr(s, 40, 2.0, "cosine") for s in range(40)])
 
 
 @pytest.mark.parametrize("max_new_tokens, warned", [(1, True), (16, False)])
