@@ -15,7 +15,7 @@ random numbers). No early stop: every run trains
 
 Outputs under ``--out`` (default ``benchmarks/results/main_job_defaults``): each run's
 ``metrics.jsonl`` and ``config.yaml`` (no checkpoints), ``summary.json`` with every curve and the
-paired differences against the first arm, and ``curves.png``. Finished runs are skipped on a rerun.
+paired differences of each arm against every arm listed before it, and ``curves.png``. Finished runs are skipped on a rerun.
 """
 
 from __future__ import annotations
@@ -140,11 +140,11 @@ def summarize(curves: dict[str, dict[int, dict]], seeds: list[int]) -> dict:
             "auc_greedy_success": mean_ci([auc(per_seed[s]) for s in seeds]),
             "mean_curve": np.mean([per_seed[s]["greedy_success"] for s in seeds], axis=0).tolist(),
         }
-        if arm != arms[0]:
-            base = curves[arms[0]]
+        for baseline in arms[: arms.index(arm)]:
+            base = curves[baseline]
             finals = [[c[s]["greedy_success"][-1] for s in seeds] for c in (per_seed, base)]
             aucs = [[auc(c[s]) for s in seeds] for c in (per_seed, base)]
-            summary[arm]["paired_vs_" + arms[0]] = {
+            summary[arm]["paired_vs_" + baseline] = {
                 "final": paired_difference(*finals).as_dict() if len(seeds) > 1 else None,
                 "auc": paired_difference(*aucs).as_dict() if len(seeds) > 1 else None,
                 "per_seed_final": (np.subtract(*finals)).tolist(),
@@ -178,7 +178,7 @@ def plot(curves: dict[str, dict[int, dict]], seeds: list[int], path: Path) -> No
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arms", default="previous,new", help=f"comma-separated, the first is the baseline; known: {', '.join(KNOWN_ARMS)}")
+    parser.add_argument("--arms", default="previous,new", help=f"comma-separated; each is paired with every arm before it; known: {', '.join(KNOWN_ARMS)}")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--eval-every", type=int, default=5)

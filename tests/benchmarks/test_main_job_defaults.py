@@ -36,6 +36,19 @@ def test_summary_pairs_each_seed_with_the_baseline():
     assert "paired_vs_previous" not in summary["previous"]
 
 
+def test_summary_pairs_each_arm_with_every_arm_listed_before_it():
+    curves = {
+        "a": {0: curve([0.5, 0.5, 0.5]), 1: curve([0.4, 0.4, 0.4])},
+        "b": {0: curve([0.5, 0.5, 0.7]), 1: curve([0.4, 0.4, 0.5])},
+        "c": {0: curve([0.5, 0.5, 0.6]), 1: curve([0.4, 0.4, 0.8])},
+    }
+    summary = summarize(curves, [0, 1])
+    assert [k for k in summary["c"] if k.startswith("paired")] == ["paired_vs_a", "paired_vs_b"]
+    assert summary["c"]["paired_vs_a"]["per_seed_final"] == pytest.approx([0.1, 0.4])
+    assert summary["c"]["paired_vs_b"]["per_seed_final"] == pytest.approx([-0.1, 0.3])
+    assert [k for k in summary["b"] if k.startswith("paired")] == ["paired_vs_a"]
+
+
 def test_unknown_arm_is_an_error_naming_it(capsys):
     with pytest.raises(SystemExit):
         main(["--arms", "previous,bogus", "--summarize-only"])
