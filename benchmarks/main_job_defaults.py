@@ -15,7 +15,8 @@ random numbers). No early stop: every run trains
 
 Outputs under ``--out`` (default ``benchmarks/results/main_job_defaults``): each run's
 ``metrics.jsonl`` and ``config.yaml`` (no checkpoints), ``summary.json`` with every curve and the
-paired differences of each arm against every arm listed before it, and ``curves.png``. Finished runs are skipped on a rerun.
+paired differences of each arm against every arm listed before it, and ``curves.png``. Finished
+runs are skipped on a rerun.
 """
 
 from __future__ import annotations
