@@ -102,7 +102,8 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace) -> list[dict]:
         start = [] if arm in WARM_START_ARMS else [f"policy={warm_start(seed, args)}", "sft.mode=none"]
         shutil.rmtree(run_dir, ignore_errors=True)
         train(load_config(overrides=[
-            *COMMON, *KNOWN_ARMS[arm], f"engine={args.engine}", *start, f"trainer.seed={seed}", f"trainer.run_dir={run_dir}", f"trainer.iterations={args.iterations}", f"trainer.eval_every={args.eval_every}",
+            *COMMON, *KNOWN_ARMS[arm], f"engine={args.engine}", *start, f"trainer.seed={seed}",
+            f"trainer.run_dir={run_dir}", f"trainer.iterations={args.iterations}", f"trainer.eval_every={args.eval_every}",
             f"trainer.eval_episodes={args.eval_episodes}", f"trainer.torch_threads={args.threads}",
         ]))
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)

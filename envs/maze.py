@@ -445,14 +445,18 @@ class MazeEnv(TextEnv):
         open_exits = {a.removeprefix("go ") for a in admissible if a.startswith("go ")}
         return next(f"go {d}" for d in DIRECTIONS[first:] + DIRECTIONS[:first] if d in open_exits)
 
+    def _explore_state(self) -> tuple:
+        """What the explorer's next command depends on, and all a simulated command changes."""
+        return self._room, self._unlocked, self._items, self._last_passage
+
     def _explore_plan(self) -> list[str]:
         """The explorer's commands until it wins, simulated on this episode and undone."""
-        saved = (self._room, self._unlocked, self._items, self._last_passage)
+        saved = self._explore_state()
         plan: list[str] = []
         seen = set()
         try:
             while not self.is_won():
-                state = (self._room, self._unlocked, self._items, self._last_passage)
+                state = self._explore_state()
                 if state in seen:
                     raise RuntimeError("the explorer circles in this maze (it needs a tree; this is a bug)")
                 seen.add(state)
