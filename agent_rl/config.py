@@ -87,7 +87,8 @@ DEFAULT_ENV_ID = "agent_rl/Maze-v0"
 """The environment of the embedded defaults (the main job)."""
 
 DEFAULT_ENV_KWARGS: dict[str, Any] = {
-    "n_rooms": 4, "n_locked_doors": 1, "dead_ends": 1, "extra_edges": 0, "n_distractors": 0, "max_steps": 20
+    "n_rooms": 4, "n_locked_doors": 1, "dead_ends": 1, "extra_edges": 0, "n_distractors": 0, "max_steps": 20,
+    "oracle": "explore",
 }
 """The main job's Maze: ``env.kwargs`` when ``env.id`` is ``DEFAULT_ENV_ID`` and no kwargs are given."""
 
@@ -311,15 +312,15 @@ class SFTConfig:
     """oracle (clone the environment's oracle plans), random (clone uniformly random admissible actions:
     format, not task), none, or auto: oracle when the environment gives oracle plans, else random when
     its reset info lists ``admissible_actions``, else none. The resolved config records the choice."""
-    steps: int = 300
+    steps: int = 800
     """Optimizer steps of supervised training."""
     lr: float = 1e-3
     """AdamW learning rate of the warm start (the peak, under a schedule)."""
-    lr_schedule: Literal["constant", "cosine"] = "constant"
+    lr_schedule: Literal["constant", "cosine"] = "cosine"
     """constant, or cosine: linear warmup over the first 5% of the steps, then cosine decay towards 0."""
     batch_size: int = 16
     """(prompt, response) pairs per step."""
-    episodes: int = 400
+    episodes: int = 4000
     """Episodes played to build the demonstration set (distinct seeds)."""
     perturb: float = 0.0
     """oracle mode: probability that a demonstration turn plays a random action instead (not cloned;

@@ -1,15 +1,16 @@
 """The main job's learner settings compared as an experiment: arms x paired seeds on the README Maze.
 
-Every arm of a seed starts from that seed's one warm start (the default oracle clone, trained once;
-the arms of ``WARM_START_ARMS`` train their own instead), draws the same training seed stream and is
+Every arm of a seed starts from that seed's one warm start (the main job's clone, or with
+``--warm-start before`` the one the committed learner comparisons used, trained once; the arms of
+``WARM_START_ARMS`` train their own instead), draws the same training seed stream and is
 evaluated greedily on the same held-out mazes, so the arms differ only in their settings (common
 random numbers). No early stop: every run trains
 ``--iterations`` iterations and is evaluated every ``--eval-every`` on ``--eval-episodes`` mazes.
 
-    python -m benchmarks.main_job_defaults                         # the committed comparison
+    python -m benchmarks.main_job_defaults --warm-start before     # the committed comparison
     python -m benchmarks.main_job_defaults --arms previous,new --seeds 0 1 --iterations 10
     python -m benchmarks.main_job_defaults --arms env-penalty,credit-penalty --iterations 6 --eval-every 3 \
-        --out benchmarks/results/invalid_penalty        # the two forms of the invalid-action penalty
+        --warm-start before --out benchmarks/results/invalid_penalty        # the two forms of the invalid-action penalty
     python -m benchmarks.main_job_defaults --arms shortest-900,explore-900,shortest-300,explore-900-cosine \
         --iterations 0 --out benchmarks/results/warm_start_teacher  # the warm start's teacher, length, schedule
 
@@ -58,14 +59,17 @@ ARMS: dict[str, tuple[str, ...]] = {
     "step-stats": ("algo.episode_stats=step",),
 }
 """Each arm is a set of config overrides on top of the embedded defaults (the main job)."""
+WARM_START_BEFORE = ("env.kwargs.oracle=shortest", "sft.steps=300", "sft.episodes=400", "sft.lr_schedule=constant")
+"""The main job's warm start when the learner arms were compared (``--warm-start before``): 300
+constant-rate steps cloning 400 episodes of the shortest-path oracle."""
 WARM_START_ARMS: dict[str, tuple[str, ...]] = {
     # The clone's teacher and length: the Maze's shortest plans (made with the whole map) or the
-    # explorer's (made from the current observation alone, so clonable exactly), cloned for the
-    # default 300 steps or for 900, at the default constant learning rate or with a cosine decay.
-    "shortest-300": (),
-    "shortest-900": ("sft.steps=900",),
-    "explore-900": ("sft.steps=900", "env.kwargs.oracle=explore"),
-    "explore-900-cosine": ("sft.steps=900", "env.kwargs.oracle=explore", "sft.lr_schedule=cosine"),
+    # explorer's (made from the current observation alone, so clonable exactly), cloned for 300
+    # steps or for 900, at a constant learning rate or with a cosine decay.
+    "shortest-300": WARM_START_BEFORE,
+    "shortest-900": (*WARM_START_BEFORE, "sft.steps=900"),
+    "explore-900": (*WARM_START_BEFORE, "sft.steps=900", "env.kwargs.oracle=explore"),
+    "explore-900-cosine": (*WARM_START_BEFORE, "sft.steps=900", "env.kwargs.oracle=explore", "sft.lr_schedule=cosine"),
 }
 """Arms that change the warm start: each trains its own, with these overrides, instead of starting
 from the seed's shared one (with ``--iterations 0`` they compare warm starts alone)."""
@@ -78,7 +82,8 @@ def mean_ci(values) -> dict[str, float]:
 
 
 def warm_start(seed: int, args: argparse.Namespace) -> Path:
-    """The seed's shared warm start (the main job's iteration 0), trained once."""
+    """The seed's shared warm start, trained once: the main job's iteration 0 (``--warm-start
+    default``) or ``WARM_START_BEFORE``'s."""
     from agent_rl.config import load_config
     from training import checkpoint
     from training.trainer import train
@@ -86,7 +91,8 @@ def warm_start(seed: int, args: argparse.Namespace) -> Path:
     run_dir = args.out / "warm_start" / f"seed{seed}"
     if not (run_dir / "DONE").exists():
         shutil.rmtree(run_dir, ignore_errors=True)
-        train(load_config(overrides=[*COMMON, f"engine={args.engine}", f"trainer.seed={seed}", f"trainer.run_dir={run_dir}",
+        before = WARM_START_BEFORE if args.warm_start == "before" else ()
+        train(load_config(overrides=[*COMMON, *before, f"engine={args.engine}", f"trainer.seed={seed}", f"trainer.run_dir={run_dir}",
                                      "trainer.iterations=0", f"trainer.torch_threads={args.threads}"]))
         (run_dir / "DONE").touch()
     return checkpoint.find_checkpoint(run_dir, "sft").model_dir
@@ -186,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--eval-episodes", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2, help="torch threads per run")
+    parser.add_argument("--warm-start", default="default", choices=["default", "before"],
+                        help="the learner arms' shared warm start: the main job's, or WARM_START_BEFORE's (the committed comparisons)")
     parser.add_argument("--engine", default="auto", choices=["auto", "hf", "vllm"], help="rollout engine (auto: vLLM when installed)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "main_job_defaults")
     parser.add_argument("--summarize-only", action="store_true", help="write the summary of finished runs")

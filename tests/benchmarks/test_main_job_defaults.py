@@ -75,10 +75,34 @@ def test_warm_start_arms_train_their_own_warm_start(tmp_path, monkeypatch):
     args = argparse.Namespace(out=tmp_path, engine="hf", iterations=0, eval_every=5, eval_episodes=4, threads=1)
     own = bench.curve(bench.run_arm("explore-900", 3, args))
     bench.run_arm("previous", 3, args)
+    bench.run_arm("shortest-300", 3, args)
     assert (calls[0].sft.steps, calls[0].env.kwargs["oracle"], calls[0].sft.mode, calls[0].trainer.seed) == (900, "explore", "auto", 3)
-    assert calls[0].policy.name_or_path == "embedded"
+    assert (calls[0].sft.episodes, calls[0].sft.lr_schedule, calls[0].policy.name_or_path) == (400, "constant", "embedded")
     assert calls[1].sft.mode == "none" and calls[1].policy.name_or_path == str(tmp_path / "shared")
+    # The warm start the committed comparisons used, whatever the embedded defaults are now.
+    before = calls[2].sft
+    assert (before.steps, before.episodes, before.lr_schedule, calls[2].env.kwargs["oracle"]) == (300, 400, "constant", "shortest")
     assert own == {**own, "iteration": [0], "greedy_success": [0.5], "seconds_per_iteration": None}
     summary = bench.summarize({"a": {0: own, 1: own}, "b": {0: own, 1: {**own, "greedy_success": [0.75]}}}, [0, 1])
     assert summary["b"]["paired_vs_a"]["per_seed_final"] == pytest.approx([0.0, 0.25])
     assert summary["b"]["auc_greedy_success"]["mean"] == pytest.approx(0.625)
+
+
+@pytest.mark.parametrize("choice, sft_steps, oracle", [("default", 800, "explore"), ("before", 300, "shortest")])
+def test_the_shared_warm_start_is_the_main_jobs_or_the_one_before(tmp_path, monkeypatch, choice, sft_steps, oracle):
+    import benchmarks.main_job_defaults as bench
+    import training.checkpoint
+    import training.trainer
+
+    calls = []
+
+    def fake_train(config):
+        calls.append(config)
+        Path(config.trainer.run_dir).mkdir(parents=True)
+
+    monkeypatch.setattr(training.trainer, "train", fake_train)
+    monkeypatch.setattr(training.checkpoint, "find_checkpoint", lambda run_dir, pointer: argparse.Namespace(model_dir=run_dir / pointer))
+    args = argparse.Namespace(out=tmp_path, engine="hf", threads=1, warm_start=choice)
+    assert bench.warm_start(2, args) == tmp_path / "warm_start" / "seed2" / "sft"
+    (config,) = calls
+    assert (config.sft.steps, config.env.kwargs["oracle"], config.trainer.iterations, config.trainer.seed) == (sft_steps, oracle, 0, 2)
