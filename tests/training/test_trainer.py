@@ -300,6 +300,7 @@ def test_learning_is_real_on_a_tiny_maze(tmp_path, small_policy_dir):
         "trainer.eval_every=12", "trainer.eval_episodes=32", "trainer.eval_sampled=false", "trainer.target_success=null",
         "rollout.n_groups=4", "rollout.group_size=8", "rollout.max_turns=6", "rollout.history_turns=0",
         "rollout.max_new_tokens=8", "sft.mode=random", "sft.steps=300", "sft.episodes=32", "sft.batch_size=16", "sft.lr=3e-3",
+        "sft.lr_schedule=constant",
         "optim.lr=1e-3", "algo=gigpo", "algo.kl_coef=0", "logging.console=false", "logging.tensorboard=false",
     ]
     config = load_config(overrides=overrides)
