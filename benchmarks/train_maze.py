@@ -40,13 +40,6 @@ def eval_curve(records: list[dict]) -> list[dict[str, float | None]]:
     ]
 
 
-def stop_point(evals: list[dict[str, float | None]], target: float, confirmed: bool) -> dict | None:
-    """The evaluation the trainer stopped at: the first whose confirmation (``confirmed``) or whose
-    periodic greedy success reaches ``target``; None when the run never got there."""
-    key = "confirm_greedy_success" if confirmed else "greedy_success"
-    return next((e for e in evals if e[key] is not None and e[key] >= target), None)
-
-
 def main(argv: list[str] | None = None) -> dict[str, object]:
     from agent_rl.config import config_to_dict, load_config
     from training.logger import read_metrics
@@ -66,11 +59,10 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     summary = train(config)
     wall = time.perf_counter() - start
     records = read_metrics(run_dir)
-    evals = eval_curve(records)
-    reached = stop_point(evals, target, confirmed=config.trainer.confirm_episodes > 0)
+    reached = summary["reached_target"]  # the trainer stops at its target (training.evaluation.target_reached)
     phase_totals = {p: sum(r.get(f"time/{p}", 0.0) or 0.0 for r in records) for p in PHASES}
-    sft_seconds = records[0]["time/elapsed"] - (records[0].get("time/eval") or 0.0) if records else 0.0
     first = records[0] if records else {}
+    sft_seconds = first.get("time/elapsed", 0.0) - (first.get("time/eval") or 0.0)
     result = {
         "benchmark": "train_maze",
         "machine_at_start": machine_at_start,
@@ -78,14 +70,14 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "config": config_to_dict(config),
         "target_greedy_success": target,
         "confirm_episodes": config.trainer.confirm_episodes,
-        "reached_target": reached is not None,
-        "wall_time_to_target_s": reached["elapsed_s"] if reached else None,
-        "iterations_to_target": reached["iteration"] if reached else None,
+        "reached_target": reached,
+        "wall_time_to_target_s": summary["elapsed_s"] if reached else None,
+        "iterations_to_target": summary["iterations"] if reached else None,
         "total_wall_s": wall,
         "best_greedy_success": summary["best_greedy_success"],
         "iterations_run": summary["iterations"],
         "warm_start": {k: first[k] for k in sorted(first) if k.startswith("sft/")},
-        "eval_curve": evals,
+        "eval_curve": eval_curve(records),
         "rollout_success_curve": rollout_success_curve(records),
         "phase_seconds": {"sft_and_setup": sft_seconds, **phase_totals},
         "phase_fraction": {p: v / max(wall, 1e-9) for p, v in {"sft_and_setup": sft_seconds, **phase_totals}.items()},

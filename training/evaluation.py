@@ -77,6 +77,13 @@ def evaluate_heldout(envs: EnvPool | EnvFactory, engine: Engine, tokenizer, conf
     return metrics
 
 
+def target_reached(metrics: dict[str, float], target: float | None) -> bool:
+    """The stopping rule: the confirmation's greedy success where one ran (``evaluate_heldout``), else
+    the periodic evaluation's, at or above ``target``; never without an evaluation or a target."""
+    decisive = metrics.get("eval/confirm_greedy_success", metrics.get("eval/greedy_success"))
+    return decisive is not None and target is not None and decisive >= target
+
+
 def evaluate_policy(
     target: str | Path,
     *,

@@ -34,7 +34,7 @@ from training import checkpoint
 from training.distributed import broadcast_flag, broadcast_parameters, init_distributed, resolve_device, shutdown_distributed
 from training.engines import Engine, engine_from_config
 from training.envpool import EnvFactory, env_factory, pool_from_config
-from training.evaluation import evaluate_heldout
+from training.evaluation import evaluate_heldout, target_reached
 from training.learner import Learner
 from training.logger import RunLogger
 from training.policy import add_lora, is_lora
@@ -281,9 +281,7 @@ class Trainer:
             self.on_iteration(self.iteration, metrics)
         if improved or self.iteration % cfg.trainer.save_every == 0 or self.iteration == cfg.trainer.iterations:
             self._save(best=improved)
-        target = cfg.trainer.target_success
-        decisive = metrics.get("eval/confirm_greedy_success", success)  # present when a confirmation ran
-        return decisive is not None and target is not None and decisive >= target
+        return target_reached(metrics, cfg.trainer.target_success)
 
     # ---- run directory and checkpoints ----------------------------------------------------------------
     def _generators(self) -> dict[str, Any]:

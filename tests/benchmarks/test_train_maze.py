@@ -1,4 +1,4 @@
-from benchmarks.train_maze import eval_curve, stop_point
+from benchmarks.train_maze import eval_curve
 
 RECORDS = [
     {"iteration": 0, "eval/greedy_success": 0.97, "eval/confirm_greedy_success": 0.93, "time/elapsed": 300.0},
@@ -15,9 +15,3 @@ def test_eval_curve_keeps_evaluations_and_their_confirmations():
         {"iteration": 4, "greedy_success": 0.97, "confirm_greedy_success": 0.95, "elapsed_s": 410.0},
     ]
 
-
-def test_stop_point_is_the_first_confirmed_evaluation():
-    evals = eval_curve(RECORDS)
-    assert stop_point(evals, 0.95, confirmed=True)["iteration"] == 4  # iteration 0's 97% was not confirmed
-    assert stop_point(evals, 0.95, confirmed=False)["iteration"] == 0
-    assert stop_point(evals, 0.96, confirmed=True) is None

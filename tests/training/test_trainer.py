@@ -212,6 +212,23 @@ def test_trainer_takes_a_model_tokenizer_engine_and_environment_factory(tmp_path
         train(load_config(overrides=tiny_overrides(tmp_path / "oracle", "env.id=Guess", "sft.mode=oracle")), make_env=_GuessEnv)
 
 
+@pytest.mark.parametrize(
+    "metrics, target, reached",
+    [
+        ({"eval/greedy_success": 0.97, "eval/confirm_greedy_success": 0.93}, 0.95, False),  # not confirmed
+        ({"eval/greedy_success": 0.97, "eval/confirm_greedy_success": 0.95}, 0.95, True),
+        ({"eval/greedy_success": 0.97}, 0.95, True),  # confirm_episodes=0: the periodic evaluation decides
+        ({"eval/greedy_success": 0.91}, 0.95, False),
+        ({"eval/greedy_success": 1.0}, None, False),  # no target: train every iteration
+        ({"rollout/success_rate": 1.0}, 0.95, False),  # no evaluation this iteration
+    ],
+)
+def test_the_stopping_rule_lets_the_confirmation_decide(metrics, target, reached):
+    from training.evaluation import target_reached
+
+    assert target_reached(metrics, target) is reached
+
+
 def test_unknown_environment_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="config key 'env.id': unknown environment 'nope/Nothing-v0'"):
         Trainer.from_config(load_config(overrides=tiny_overrides(tmp_path, "env.id=nope/Nothing-v0", "env.kwargs={}")))
