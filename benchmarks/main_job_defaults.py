@@ -59,9 +59,10 @@ ARMS: dict[str, tuple[str, ...]] = {
     "step-stats": ("algo.episode_stats=step",),
 }
 """Each arm is a set of config overrides on top of the embedded defaults (the main job)."""
-WARM_START_BEFORE = ("env.kwargs.oracle=shortest", "sft.steps=300", "sft.episodes=400", "sft.lr_schedule=constant")
+WARM_START_BEFORE = ("env.kwargs.oracle=shortest", "sft.steps=300", "sft.episodes=400", "sft.lr_schedule=constant",
+                     "sft.batch_size=16")
 """The main job's warm start when the learner arms were compared (``--warm-start before``): 300
-constant-rate steps cloning 400 episodes of the shortest-path oracle."""
+constant-rate steps of 16 pairs cloning 400 episodes of the shortest-path oracle."""
 WARM_START_ARMS: dict[str, tuple[str, ...]] = {
     # The clone's teacher and length: the Maze's shortest plans (made with the whole map) or the
     # explorer's (made from the current observation alone, so clonable exactly), cloned for 300

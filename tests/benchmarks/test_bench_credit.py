@@ -39,3 +39,14 @@ def test_quick_grid_writes_every_output_and_resumes(tmp_path):
     # A rerun skips finished cells: no run is trained again.
     assert main(["bench", "credit", "--quick", "--out", str(out)]) == 0
     assert [m.stat().st_mtime_ns for m in metrics] == stamps
+
+
+def test_the_full_grid_warm_starts_as_committed_whatever_the_defaults():
+    """The committed grid cloned 400 episodes in batches of 16 at a constant rate: its overrides name
+    that, so changing the main job's warm start does not change what a rerun of the grid trains."""
+    from agent_rl.config import load_config
+    from benchmarks.credit_assignment import COMMON, FULL_GRID
+
+    for env in FULL_GRID:
+        sft = load_config(overrides=[*COMMON, *env.overrides]).sft
+        assert (sft.episodes, sft.lr_schedule, sft.batch_size, sft.lr) == (400, "constant", 16, 1e-3), env.name

@@ -77,11 +77,13 @@ def test_warm_start_arms_train_their_own_warm_start(tmp_path, monkeypatch):
     bench.run_arm("previous", 3, args)
     bench.run_arm("shortest-300", 3, args)
     assert (calls[0].sft.steps, calls[0].env.kwargs["oracle"], calls[0].sft.mode, calls[0].trainer.seed) == (900, "explore", "auto", 3)
-    assert (calls[0].sft.episodes, calls[0].sft.lr_schedule, calls[0].policy.name_or_path) == (400, "constant", "embedded")
+    assert (calls[0].sft.episodes, calls[0].sft.lr_schedule, calls[0].sft.batch_size) == (400, "constant", 16)
+    assert calls[0].policy.name_or_path == "embedded"
     assert calls[1].sft.mode == "none" and calls[1].policy.name_or_path == str(tmp_path / "shared")
     # The warm start the committed comparisons used, whatever the embedded defaults are now.
     before = calls[2].sft
-    assert (before.steps, before.episodes, before.lr_schedule, calls[2].env.kwargs["oracle"]) == (300, 400, "constant", "shortest")
+    assert (before.steps, before.episodes, before.lr_schedule, before.batch_size) == (300, 400, "constant", 16)
+    assert calls[2].env.kwargs["oracle"] == "shortest"
     assert own == {**own, "iteration": [0], "greedy_success": [0.5], "seconds_per_iteration": None}
     summary = bench.summarize({"a": {0: own, 1: own}, "b": {0: own, 1: {**own, "greedy_success": [0.75]}}}, [0, 1])
     assert summary["b"]["paired_vs_a"]["per_seed_final"] == pytest.approx([0.0, 0.25])
