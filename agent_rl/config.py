@@ -322,7 +322,7 @@ class SFTConfig:
     """(prompt, response) pairs per step."""
     episodes: int = 4000
     """Episodes played to build the demonstration set (distinct seeds)."""
-    perturb: float = 0.0
+    perturb: float = 0.1
     """oracle mode: probability that a demonstration turn plays a random action instead (not cloned;
     the oracle plans again from there), so the clone learns to recover from detours and errors."""
 
@@ -347,9 +347,10 @@ class TrainerConfig:
     """Stop once greedy success on the held-out seeds reaches this value (confirmed, see
     ``confirm_episodes``); None trains all iterations."""
     confirm_episodes: int = 128
-    """When a periodic evaluation reaches ``target_success``, a greedy evaluation on this many held-out
-    episodes decides whether to stop, so the noise of a small evaluation cannot end a run early;
-    0 stops on the periodic evaluation alone."""
+    """Stop only when greedy success on this many held-out episodes reaches ``target_success``, so the
+    noise of a small evaluation cannot end a run early: the periodic greedy evaluation is extended to
+    them, ``eval_episodes`` at a time, while the target is still within reach. At most
+    ``eval_episodes`` (0, say) stops on the periodic evaluation alone."""
     save_every: int = 1
     """Write the ``last`` checkpoint every this many iterations (and at the end)."""
     recompute_old_logprobs: bool = False

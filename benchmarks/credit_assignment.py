@@ -52,9 +52,9 @@ METHODS: dict[str, tuple[str, ...]] = {
 # took grpo on Maze from 53% to 3% sampled success (the step size, not the credit, decided the run).
 # Every environment also charges 0.01 per invalid action, as verl-agent does (0.1 against a success
 # reward of 10): without it both methods drifted into invalid actions on Maze even at 1e-4.
-# The warm start's schedule, batch and demonstration count are those the committed grid ran with.
+# The warm start's schedule, batch, demonstration count and perturbation (none) are those the committed grid ran with.
 COMMON = (
-    "engine=hf", "sft.mode=random", "sft.episodes=400", "sft.lr_schedule=constant", "sft.batch_size=16",
+    "engine=hf", "sft.mode=random", "sft.episodes=400", "sft.lr_schedule=constant", "sft.batch_size=16", "sft.perturb=0",
     "optim.lr=1e-4", "trainer.target_success=null", "trainer.eval_sampled=false",
     "logging.tensorboard=false", "logging.console=false",
 )

@@ -60,7 +60,7 @@ ARMS: dict[str, tuple[str, ...]] = {
 }
 """Each arm is a set of config overrides on top of the embedded defaults (the main job)."""
 WARM_START_BEFORE = ("env.kwargs.oracle=shortest", "sft.steps=300", "sft.episodes=400", "sft.lr_schedule=constant",
-                     "sft.batch_size=16")
+                     "sft.batch_size=16", "sft.perturb=0")
 """The main job's warm start when the learner arms were compared (``--warm-start before``): 300
 constant-rate steps of 16 pairs cloning 400 episodes of the shortest-path oracle."""
 WARM_START_ARMS: dict[str, tuple[str, ...]] = {

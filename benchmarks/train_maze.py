@@ -1,9 +1,9 @@
 """Benchmark the README main job: ``agent-rl train`` on the embedded defaults (Maze, GiGPO, the tiny
 model, vllm if available else hf) until the run stops at its target.
 
-The run stops as the trainer decides: a periodic greedy evaluation reaches
-``trainer.target_success`` and a confirmation evaluation on ``trainer.confirm_episodes`` held-out
-mazes does too (or, with ``confirm_episodes=0``, the periodic evaluation alone). Records the wall
+The run stops as the trainer decides: greedy success on ``trainer.confirm_episodes`` held-out mazes
+(the periodic evaluation, extended while the target is within reach) reaches
+``trainer.target_success`` (or, with ``confirm_episodes=0``, the periodic evaluation alone). Records the wall
 time to that point (the warm start included), the evaluation and confirmation curves, and the
 per-phase timing split (SFT warm start, rollout, advantage, update, weight sync, evaluation).
 Writes ``benchmarks/results/<--name>.json``.
@@ -32,10 +32,12 @@ def rollout_success_curve(records: list[dict]) -> list[dict[str, float]]:
 
 
 def eval_curve(records: list[dict]) -> list[dict[str, float | None]]:
-    """Each evaluation's greedy success, and the confirmation's where one ran (``None`` otherwise)."""
+    """Each evaluation's greedy success, and the confirmation's with its episode count where one ran
+    (``None`` otherwise)."""
     return [
         {"iteration": r["iteration"], "greedy_success": r["eval/greedy_success"],
-         "confirm_greedy_success": r.get("eval/confirm_greedy_success"), "elapsed_s": r["time/elapsed"]}
+         "confirm_greedy_success": r.get("eval/confirm_greedy_success"),
+         "confirm_greedy_episodes": r.get("eval/confirm_greedy_episodes"), "elapsed_s": r["time/elapsed"]}
         for r in records if r.get("eval/greedy_success") is not None
     ]
 

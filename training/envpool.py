@@ -276,7 +276,7 @@ def pool_from_config(make_env: EnvFactory, config) -> EnvPool:
     """The pool a training run keeps for its rollouts and evaluations: enough environments for
     either, in-process or on ``scale.env_actors`` Ray actors."""
     rollout, trainer, scale = config.rollout, config.trainer, config.scale
-    n_envs = max(rollout.n_groups * rollout.group_size, trainer.eval_episodes, trainer.confirm_episodes)
+    n_envs = max(rollout.n_groups * rollout.group_size, trainer.eval_episodes)  # a confirmation plays eval_episodes at a time
     if scale.env_actors == 0:
         return LocalEnvPool(make_env, n_envs)
     return RayEnvPool(make_env, n_envs, n_actors=scale.env_actors, address=scale.ray_address,

@@ -7,9 +7,10 @@ them and no environment reaches a training instance from one, so evaluation is a
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from rich.console import Console
 
@@ -55,26 +56,51 @@ def evaluate(
 
 def evaluate_heldout(envs: EnvPool | EnvFactory, engine: Engine, tokenizer, config: Config, progress: Any = None) -> dict[str, float]:
     """Greedy (and, with ``trainer.eval_sampled``, sampled) success on ``trainer.eval_episodes``
-    held-out seeds; when greedy success reaches ``trainer.target_success``, a greedy confirmation on
-    ``trainer.confirm_episodes`` held-out seeds (``eval/confirm_greedy_*``) decides whether to stop."""
+    held-out seeds, then the greedy confirmation (:func:`confirm`) that decides whether to stop."""
     trainer = config.trainer
 
-    def run(episodes: int, mode: str, name: str) -> dict[str, float]:
-        stats = evaluate(envs, engine, tokenizer, eval_seeds(episodes), greedy=mode == "greedy", config=config.rollout,
-                         progress=progress)
-        return {
-            f"eval/{name}_success": stats["success_rate"],
-            f"eval/{name}_length": stats["mean_length"],
-            f"eval/{name}_invalid_rate": stats["invalid_action_rate"],
-        }
+    def play(seeds: Sequence[int], greedy: bool) -> dict[str, float]:
+        return evaluate(envs, engine, tokenizer, seeds, greedy=greedy, config=config.rollout, progress=progress)
 
     metrics = {}
     for mode in ("greedy", "sampled") if trainer.eval_sampled else ("greedy",):
-        metrics.update(run(trainer.eval_episodes, mode, mode))
-    target = trainer.target_success
-    if trainer.confirm_episodes and target is not None and metrics["eval/greedy_success"] >= target:
-        metrics.update(run(trainer.confirm_episodes, "greedy", "confirm_greedy"))
+        stats = play(eval_seeds(trainer.eval_episodes), mode == "greedy")
+        metrics.update({
+            f"eval/{mode}_success": stats["success_rate"],
+            f"eval/{mode}_length": stats["mean_length"],
+            f"eval/{mode}_invalid_rate": stats["invalid_action_rate"],
+        })
+        if mode == "greedy":
+            wins = wins_of(stats)
+    if trainer.target_success is not None and trainer.confirm_episodes > trainer.eval_episodes:
+        metrics.update(confirm(lambda seeds: wins_of(play(seeds, greedy=True)), trainer.eval_episodes, wins,
+                               trainer.confirm_episodes, trainer.target_success))
     return metrics
+
+
+def wins_of(stats: dict[str, float]) -> int:
+    """Won episodes in ``evaluate``'s stats (an episode whose environment raised is not won)."""
+    return round(stats["success_rate"] * stats["trajectories"])
+
+
+def confirm(play_greedy: Callable[[Sequence[int]], int], played: int, wins: int, episodes: int, target: float) -> dict[str, float]:
+    """Extend a greedy evaluation of the first ``played`` held-out seeds (``wins`` won) to the first
+    ``episodes``, ``played`` more at a time, while greedy success on all ``episodes`` can still reach
+    ``target``. Greedy play of a seed is deterministic, so the decision is the one a fresh evaluation
+    on ``episodes`` seeds would make, but a policy far from the target costs only a chunk or none.
+    Returns ``eval/confirm_greedy_success`` over the seeds played and ``eval/confirm_greedy_episodes``
+    (below ``episodes`` only when the target is out of reach), or nothing when no more seeds were played."""
+    if played < 1:
+        raise ValueError(f"confirm extends an evaluation of at least one seed, got played={played}")
+    allowed = math.floor(episodes * (1 - target) + 1e-9)  # losses that still leave the target reachable
+    chunk, total = played, played
+    while total - wins <= allowed and total < episodes:
+        seeds = eval_seeds(min(episodes, total + chunk))[total:]
+        wins += play_greedy(seeds)
+        total += len(seeds)
+    if total == played:
+        return {}
+    return {"eval/confirm_greedy_success": wins / total, "eval/confirm_greedy_episodes": float(total)}
 
 
 def target_reached(metrics: dict[str, float], target: float | None) -> bool:

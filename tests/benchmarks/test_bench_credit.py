@@ -49,4 +49,4 @@ def test_the_full_grid_warm_starts_as_committed_whatever_the_defaults():
 
     for env in FULL_GRID:
         sft = load_config(overrides=[*COMMON, *env.overrides]).sft
-        assert (sft.episodes, sft.lr_schedule, sft.batch_size, sft.lr) == (400, "constant", 16, 1e-3), env.name
+        assert (sft.episodes, sft.lr_schedule, sft.batch_size, sft.lr, sft.perturb) == (400, "constant", 16, 1e-3, 0.0), env.name

@@ -77,7 +77,7 @@ def test_warm_start_arms_train_their_own_warm_start(tmp_path, monkeypatch):
     bench.run_arm("previous", 3, args)
     bench.run_arm("shortest-300", 3, args)
     assert (calls[0].sft.steps, calls[0].env.kwargs["oracle"], calls[0].sft.mode, calls[0].trainer.seed) == (900, "explore", "auto", 3)
-    assert (calls[0].sft.episodes, calls[0].sft.lr_schedule, calls[0].sft.batch_size) == (400, "constant", 16)
+    assert (calls[0].sft.episodes, calls[0].sft.lr_schedule, calls[0].sft.batch_size, calls[0].sft.perturb) == (400, "constant", 16, 0.0)
     assert calls[0].policy.name_or_path == "embedded"
     assert calls[1].sft.mode == "none" and calls[1].policy.name_or_path == str(tmp_path / "shared")
     # The warm start the committed comparisons used, whatever the embedded defaults are now.

@@ -15,6 +15,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent_rl.config import load_config
 from training import checkpoint
@@ -330,3 +332,56 @@ def test_learning_is_real_on_a_tiny_maze(tmp_path, small_policy_dir):
                          greedy=True, config=config.rollout)
         success[name] = stats["success_rate"]
     assert success["last"] >= success["sft"] + 0.25, success
+
+
+def _greedy_player(outcomes, calls):
+    """A greedy evaluation with one fixed outcome per held-out seed; records the seeds of each call."""
+    from envs import EVAL_SEED_BASE
+
+    def play(seeds):
+        calls.append([s - EVAL_SEED_BASE for s in seeds])
+        return sum(outcomes[s - EVAL_SEED_BASE] for s in seeds)
+
+    return play
+
+
+@pytest.mark.parametrize(
+    "losses, expected_calls, expected",
+    [
+        ({5}, [range(32, 64), range(64, 96), range(96, 128)], {"eval/confirm_greedy_success": 127 / 128, "eval/confirm_greedy_episodes": 128.0}),
+        # 2 periodic losses, 4 more in the first chunk (6 of 128 allowed at 95%), a 7th in the second: stop there.
+        ({0, 1, 40, 41, 42, 43, 70}, [range(32, 64), range(64, 96)], {"eval/confirm_greedy_success": 89 / 96, "eval/confirm_greedy_episodes": 96.0}),
+        (set(range(7)), [], {}),  # 7 periodic losses: 95% of 128 is out of reach, nothing more is played
+    ],
+)
+def test_the_confirmation_extends_the_periodic_evaluation_while_the_target_is_within_reach(losses, expected_calls, expected):
+    from training.evaluation import confirm
+
+    outcomes = [i not in losses for i in range(128)]
+    calls = []
+    result = confirm(_greedy_player(outcomes, calls), 32, sum(outcomes[:32]), 128, 0.95)
+    assert result == pytest.approx(expected) and calls == [list(r) for r in expected_calls]
+
+
+def test_the_confirmation_plays_a_short_last_chunk_and_needs_a_periodic_evaluation():
+    from training.evaluation import confirm
+
+    calls = []
+    assert confirm(_greedy_player([True] * 100, calls), 32, 32, 100, 0.9)["eval/confirm_greedy_episodes"] == 100.0
+    assert [len(c) for c in calls] == [32, 32, 4]
+    with pytest.raises(ValueError, match="played=0"):
+        confirm(_greedy_player([True] * 100, []), 0, 0, 100, 0.9)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_the_confirmation_decides_as_a_fresh_evaluation_of_every_seed(data):
+    from training.evaluation import confirm, target_reached
+
+    episodes = data.draw(st.integers(2, 80))
+    played = data.draw(st.integers(1, episodes - 1))
+    target = data.draw(st.sampled_from([0.5, 0.8, 0.9, 0.95, 1.0]))
+    outcomes = data.draw(st.lists(st.booleans(), min_size=episodes, max_size=episodes))
+    periodic = {"eval/greedy_success": sum(outcomes[:played]) / played}
+    metrics = periodic | confirm(_greedy_player(outcomes, []), played, sum(outcomes[:played]), episodes, target)
+    assert target_reached(metrics, target) is (sum(outcomes) / episodes >= target)
