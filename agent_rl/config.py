@@ -325,6 +325,13 @@ class SFTConfig:
     perturb: float = 0.1
     """oracle mode: probability that a demonstration turn plays a random action instead (not cloned;
     the oracle plans again from there), so the clone learns to recover from detours and errors."""
+    dagger_episodes: int = 0
+    """oracle mode: once the first ``1 - dagger_fraction`` of the steps are done, the clone plays this
+    many episodes greedily and each of its turns is labelled with the oracle's action from the state
+    the clone reached (DAgger); the remaining steps draw half of every batch from those pairs. 0
+    disables it."""
+    dagger_fraction: float = 0.25
+    """Fraction of ``steps`` trained after the DAgger round; the learning-rate schedule runs on."""
 
 
 @dataclass
@@ -705,6 +712,8 @@ def validate(config: Config) -> None:
     _require(sft.batch_size >= 1, "sft.batch_size", "must be >= 1")
     _require(sft.episodes >= 1, "sft.episodes", "must be >= 1")
     _require(0.0 <= sft.perturb < 1.0, "sft.perturb", "must be in [0, 1)")
+    _require(sft.dagger_episodes >= 0, "sft.dagger_episodes", "must be >= 0")
+    _require(0.0 < sft.dagger_fraction < 1.0, "sft.dagger_fraction", "must be in (0, 1)")
     trainer = config.trainer
     _require(trainer.iterations >= 0, "trainer.iterations", "must be >= 0")
     _require(trainer.eval_every >= 0, "trainer.eval_every", "must be >= 0")

@@ -2,17 +2,20 @@
 
 ``random`` clones uniformly random admissible actions: the model learns to answer with one valid
 command in the prompt format of the rollouts, but nothing about which command wins, so RL has the
-whole task left to learn. ``oracle`` clones the environments' oracle plans (``envs.oracle_actions``).
-Demonstrations are played by the rollouts' episode loop (``training.rollout.play_episodes``) with a
-:class:`DemonstrationActor` in place of the policy, so their prompts are built exactly like rollout
-prompts, and the response is the action followed by the tokenizer's EOS, as the engines generate it.
+whole task left to learn. ``oracle`` clones the environments' oracle plans (``envs.oracle_actions``),
+optionally followed by a DAgger round in which the clone plays and the oracle labels the states it
+reached (:class:`OracleLabeller`). Demonstrations are played by the rollouts' episode loop
+(``training.rollout.play_episodes``) with a :class:`DemonstrationActor` in place of the policy, so
+their prompts are built exactly like rollout prompts, and the response is the action followed by the
+tokenizer's EOS, as the engines generate it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -24,7 +27,8 @@ from agent_rl.config import Config, RolloutConfig
 from training.envpool import EnvFactory, EnvPool, env_pool
 from training.learner import response_logits
 from training.prompts import PromptFormat
-from training.rollout import Episode, Move, PlayStats, draw_seeds, play_episodes
+from training.engines import Engine
+from training.rollout import Episode, Move, PlayStats, PolicyActor, draw_seeds, play_episodes, sampling_params
 
 SFT_MODES = ("random", "oracle")
 
@@ -86,8 +90,43 @@ class DemonstrationActor:
         prompt = self.format.prompt_ids(
             self.tokenizer, episode.task, episode.history, episode.observation, episode.admissible_actions
         )
-        text = self.format.response_text(action)
-        return Move(action, prompt, list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) + [self.tokenizer.eos_token_id])
+        return Move(action, prompt, response_ids(self.tokenizer, self.format, action))
+
+
+def response_ids(tokenizer, prompt_format: PromptFormat, action: str) -> list[int]:
+    """The tokens of a demonstrated reply: the action as the prompt format writes it, then EOS."""
+    text = prompt_format.response_text(action)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"]) + [tokenizer.eos_token_id]
+
+
+class OracleLabeller:
+    """DAgger: the policy's action is played, and the turn is labelled with the oracle's first action
+    from the state the policy reached, so the clone learns what to do in the states its own errors
+    lead to (and that expert demonstrations never visit). A turn from which the oracle has no
+    winning plan is played but not labelled."""
+
+    def __init__(self, policy: PolicyActor, pool: EnvPool, tokenizer, prompt_format: PromptFormat):
+        self.policy, self.pool, self.tokenizer, self.format = policy, pool, tokenizer, prompt_format
+
+    def act(self, episodes: list[Episode]) -> list[Move]:
+        moves = self.policy.act(episodes)
+        plans = self.pool.oracle([e.slot for e in episodes])
+        return [
+            dataclasses.replace(move, response_ids=response_ids(self.tokenizer, self.format, plan[0])) if plan
+            else dataclasses.replace(move, learn=False)
+            for move, plan in zip(moves, plans)
+        ]
+
+
+def demonstrations_of(episodes: Sequence[Episode]) -> Demonstrations:
+    """The (prompt, response) pairs of the learned turns of ``episodes``; an episode whose environment
+    raised adds none. ``successes`` counts the won episodes."""
+    played = [e for e in episodes if e.failure is None]
+    cloned = [row for e in played for row in e.rows if row["learn"]]
+    return Demonstrations(
+        [row["prompt_ids"].tolist() for row in cloned], [row["response_ids"].tolist() for row in cloned],
+        len(episodes), sum(bool(e.rows and e.rows[-1]["won"]) for e in played),
+    )
 
 
 def collect_demonstrations(
@@ -108,9 +147,6 @@ def collect_demonstrations(
         raise ValueError(f"SFT mode must be 'random' or 'oracle', got {mode!r}")
     if not 0.0 <= perturb < 1.0:
         raise ValueError(f"perturb must be in [0, 1), got {perturb}")
-    prompts: list[list[int]] = []
-    responses: list[list[int]] = []
-    successes = 0
     with env_pool(envs, 1) as pool:
         if mode == "oracle" and not pool.has_oracle:
             raise ValueError(
@@ -118,14 +154,27 @@ def collect_demonstrations(
                 "sft.mode=random (clones random admissible actions) or sft.mode=none"
             )
         actor = DemonstrationActor(pool, tokenizer, PromptFormat.from_rollout(config), mode=mode, rng=rng, perturb=perturb)
-        for seed in seeds:
-            (episode,) = play_episodes(pool, actor, [seed], [0], config, PlayStats())
-            if episode.failure is None:
-                cloned = [row for row in episode.rows if row["learn"]]
-                prompts += [row["prompt_ids"].tolist() for row in cloned]
-                responses += [row["response_ids"].tolist() for row in cloned]
-                successes += int(bool(episode.rows and episode.rows[-1]["won"]))
-    return Demonstrations(prompts, responses, len(seeds), successes)
+        episodes = [episode for seed in seeds for episode in play_episodes(pool, actor, [seed], [0], config, PlayStats())]
+    return demonstrations_of(episodes)
+
+
+def collect_dagger(envs: EnvPool | EnvFactory, engine: Engine, tokenizer, config: RolloutConfig, *,
+                   seeds: Sequence[int], batch: int) -> Demonstrations:
+    """Play one greedy episode of ``engine``'s policy per seed, ``batch`` at a time, labelling each
+    turn with the oracle's action (:class:`OracleLabeller`). Greedy, because the policy is evaluated
+    greedily and a greedy policy's errors repeat: its loops are the states to correct.
+    ``successes`` counts the policy's own wins."""
+    prompt_format, play = PromptFormat.from_rollout(config), PlayStats()
+    policy = PolicyActor(engine, tokenizer, prompt_format, sampling_params(config, greedy=True), play)
+    episodes: list[Episode] = []
+    with env_pool(envs, min(batch, len(seeds))) as pool:
+        if not pool.has_oracle:
+            raise ValueError(f"sft.dagger_episodes needs an environment with an oracle() method and {pool.env_id} has none")
+        actor = OracleLabeller(policy, pool, tokenizer, prompt_format)
+        for start in range(0, len(seeds), batch):
+            chunk = seeds[start : start + batch]
+            episodes += play_episodes(pool, actor, chunk, range(len(chunk)), config, play)
+    return demonstrations_of(episodes)
 
 
 def supervised_step(
@@ -165,14 +214,19 @@ def train_supervised(
     rng: np.random.Generator,
     schedule: str = "constant",
     progress: bool = True,
+    dagger: tuple[int, Callable[[], Demonstrations]] | None = None,
 ) -> dict[str, float]:
     """``steps`` AdamW steps on random batches of ``demos`` with the learning rate of ``scheduled_lr``;
-    reports the loss and token accuracy averaged over the last tenth of the steps (at least one)."""
+    reports the loss and token accuracy averaged over the last tenth of the steps (at least one).
+    ``dagger=(step, collect)`` calls ``collect()`` (in eval mode) before that step, and from it on
+    draws half of every batch from the pairs it returns: they are few next to the demonstrations,
+    but they are the clone's own mistakes (``sft/dagger_*`` metrics)."""
     if len(demos) == 0:
         raise ValueError("no SFT demonstrations were collected")
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     model.train()
     history: list[tuple[float, float]] = []
+    extra: Demonstrations | None = None
     columns = (
         TextColumn("[bold]SFT"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]:.3f}"),
         TextColumn("acc {task.fields[acc]:.3f}"), TimeElapsedColumn(), TimeRemainingColumn(),
@@ -182,9 +236,16 @@ def train_supervised(
         for step in range(steps):
             for group in optimizer.param_groups:
                 group["lr"] = scheduled_lr(step, steps, lr, schedule)
-            rows = rng.choice(len(demos), size=min(batch_size, len(demos)), replace=False)
+            if dagger is not None and step == dagger[0]:
+                model.eval()
+                extra = dagger[1]()
+                model.train()
+            pairs = [demos, extra] if extra else [demos]  # a round that labelled nothing changes nothing
+            shares = [batch_size - batch_size // 2, batch_size // 2] if extra else [batch_size]
+            batch = [(part, int(i)) for part, share in zip(pairs, shares)
+                     for i in rng.choice(len(part), size=min(share, len(part)), replace=False)]
             loss, accuracy = supervised_step(
-                model, optimizer, [demos.prompts[i] for i in rows], [demos.responses[i] for i in rows]
+                model, optimizer, [part.prompts[i] for part, i in batch], [part.responses[i] for part, i in batch]
             )
             history.append((loss, accuracy))
             bar.update(task, advance=1, loss=loss, acc=accuracy)
@@ -195,23 +256,38 @@ def train_supervised(
         "sft/token_accuracy": float(np.mean([h[1] for h in tail])),
         "sft/pairs": float(len(demos)),
         "sft/demo_success_rate": demos.successes / max(demos.episodes, 1),
+        **({"sft/dagger_pairs": float(len(extra)), "sft/dagger_success_rate": extra.successes / max(extra.episodes, 1)}
+           if extra is not None else {}),
     }
 
 
 def warm_start(model: torch.nn.Module, tokenizer, make_env: EnvFactory, config: Config,
-               console: Console | None = None) -> dict[str, float]:
+               console: Console | None = None, engine: Engine | None = None) -> dict[str, float]:
     """The supervised warm start ``config.sft`` asks for, on demonstrations in the rollout prompt
-    format; returns its metrics (none when ``sft.mode`` is ``none``)."""
+    format; returns its metrics (none when ``sft.mode`` is ``none``). The DAgger round
+    (``sft.dagger_episodes``, oracle mode) plays the clone on ``engine``, synced to ``model`` first."""
     sft = config.sft
     if sft.mode == "none" or sft.steps == 0:
         return {}
     rng = np.random.default_rng([config.trainer.seed, 3])
+    used: set[int] = set()
     demos = collect_demonstrations(
-        make_env, tokenizer, config.rollout, mode=sft.mode, seeds=draw_seeds(rng, sft.episodes, set()), rng=rng,
+        make_env, tokenizer, config.rollout, mode=sft.mode, seeds=draw_seeds(rng, sft.episodes, used), rng=rng,
         perturb=sft.perturb,
     )
+    dagger = None
+    if sft.mode == "oracle" and sft.dagger_episodes > 0:
+        if engine is None:
+            raise ValueError("sft.dagger_episodes > 0 needs the engine the clone plays on: pass engine=")
+
+        def collect() -> Demonstrations:
+            engine.update_weights(model)
+            return collect_dagger(make_env, engine, tokenizer, config.rollout, seeds=draw_seeds(rng, sft.dagger_episodes, used),
+                                  batch=config.rollout.n_groups * config.rollout.group_size)
+
+        dagger = (int(sft.steps * (1.0 - sft.dagger_fraction)), collect)
     metrics = train_supervised(model, demos, steps=sft.steps, lr=sft.lr, batch_size=sft.batch_size, rng=rng,
-                               schedule=sft.lr_schedule, progress=config.logging.console)
+                               schedule=sft.lr_schedule, progress=config.logging.console, dagger=dagger)
     limit = config.rollout.max_new_tokens
     too_long = [len(r) for r in demos.responses if len(r) > limit]
     metrics["sft/overlong_fraction"] = len(too_long) / len(demos)
@@ -220,6 +296,11 @@ def warm_start(model: torch.nn.Module, tokenizer, make_env: EnvFactory, config: 
             f"SFT ({sft.mode}): {int(metrics['sft/pairs'])} pairs, {sft.steps} steps, "
             f"token accuracy {metrics['sft/token_accuracy']:.3f}, loss {metrics['sft/loss']:.3f}"
         )
+        if "sft/dagger_pairs" in metrics:
+            console.print(
+                f"DAgger: the clone won {metrics['sft/dagger_success_rate']:.0%} of {sft.dagger_episodes} greedy "
+                f"episodes; {int(metrics['sft/dagger_pairs'])} oracle-labelled pairs for the last {sft.dagger_fraction:.0%} of the steps"
+            )
         if too_long:
             # The policy learns replies that generation then cuts off: those actions can never be played.
             console.print(

@@ -253,7 +253,7 @@ class Trainer:
         clock = time.perf_counter()
         reached = False
         if self.dist.is_main:
-            metrics = warm_start(self.model, self.tokenizer, self.make_env, self.config, self.console)
+            metrics = warm_start(self.model, self.tokenizer, self.make_env, self.config, self.console, self.engine)
             self.engine.update_weights(self.model)
             with self._progress() as progress:
                 metrics.update(self.evaluate(progress))

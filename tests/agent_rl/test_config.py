@@ -71,6 +71,9 @@ def test_yaml_file_then_overrides(tmp_path):
         ("engine.kind=tpu", "config key 'engine.kind': 'tpu' is not one of"),
         ("sft.mode=expert", "config key 'sft.mode': 'expert' is not one of"),
         ("sft.perturb=1", "config key 'sft.perturb': must be in [0, 1)"),
+        ("sft.dagger_episodes=-1", "config key 'sft.dagger_episodes': must be >= 0"),
+        ("sft.dagger_fraction=0", "config key 'sft.dagger_fraction': must be in (0, 1)"),
+        ("sft.dagger_fraction=1", "config key 'sft.dagger_fraction': must be in (0, 1)"),
         ("sft.lr_schedule=linear", "config key 'sft.lr_schedule': 'linear' is not one of"),
         ("logging.console=maybe", "config key 'logging.console' expects true/false"),
         ("optim.betas=[0.9]", "config key 'optim.betas' expects a list of 2 values"),
@@ -202,6 +205,13 @@ def test_recipe_environments_construct(recipe):
     env = gym.make(config.env.id, **config.env.kwargs)
     observation, info = env.reset(seed=0)
     assert observation and "won" in info
+
+
+@pytest.mark.parametrize("recipe", ["minicode", "smollm2-maze"])
+def test_oracle_recipes_keep_the_warm_start_their_committed_results_used(recipe):
+    # They clone without perturbation (the default perturbs).
+    assert (load_config(recipe).sft.mode, load_config(recipe).sft.perturb) == ("oracle", 0.0)
+    assert Config().sft.perturb > 0
 
 
 def test_env_kwargs_default_only_for_the_default_environment():

@@ -233,3 +233,130 @@ def test_warm_start_warns_when_demonstrated_replies_exceed_the_generation_limit(
     # Every reply is an action plus the end-of-sequence token: at least 2 tokens, at most a few.
     assert metrics["sft/overlong_fraction"] == (1.0 if warned else 0.0)
     assert ("longer than rollout.max_new_tokens=1" in console.export_text()) == warned
+
+
+# ---- DAgger: the clone plays, the oracle labels --------------------------------------------------
+
+
+class _Scripted:
+    """A policy stand-in that answers every prompt with one fixed command."""
+
+    def __init__(self, tokenizer, action: str):
+        self.tokenizer, self.action = tokenizer, action
+        self.format = PromptFormat.from_rollout(RolloutConfig(max_turns=40, history_turns=40, max_prompt_tokens=2048))
+
+    def act(self, episodes):
+        from training.rollout import Move
+
+        return [
+            Move(self.action, self.format.prompt_ids(self.tokenizer, e.task, e.history, e.observation, e.admissible_actions),
+                 [1, 2], [-0.5, -0.5])
+            for e in episodes
+        ]
+
+
+@pytest.mark.parametrize("played, won", [("dec", False), ("inc", True)])
+def test_dagger_plays_the_policy_and_clones_the_oracle_from_where_it_led(tokenizer, played, won):
+    from training.envpool import env_pool
+    from training.rollout import PlayStats, play_episodes
+    from training.sft import OracleLabeller, demonstrations_of
+
+    config = RolloutConfig(max_turns=6, history_turns=40, max_prompt_tokens=2048)
+    policy = _Scripted(tokenizer, played)
+    with env_pool(COUNTER, 3) as pool:
+        episodes = play_episodes(pool, OracleLabeller(policy, pool, tokenizer, policy.format), [0, 1, 2], [0, 1, 2],
+                                 config, PlayStats())
+    demos = demonstrations_of(episodes)
+    pairs = _pairs(demos, tokenizer)
+    # The history is what the policy played; every label is the oracle's move from there.
+    assert all(history == [played] * len(history) for _, _, history, _ in pairs)
+    assert all(action == ("inc" if value < target else "dec") for target, value, _, action in pairs)
+    assert all(value == (len(history) if played == "inc" else -len(history)) for _, value, history, _ in pairs)
+    assert len(demos) == sum(len(e.rows) for e in episodes)  # every turn had a plan, so every turn is labelled
+    assert demos.successes == (3 if won else 0) and demos.episodes == 3
+
+
+def test_dagger_does_not_label_a_turn_without_a_winning_plan(tokenizer):
+    from training.rollout import Episode
+    from training.sft import OracleLabeller
+
+    class NoPlanForSlotZero:
+        def oracle(self, slots):
+            return [None if slot == 0 else ["inc", "inc"] for slot in slots]
+
+    policy = _Scripted(tokenizer, "dec")
+    moves = OracleLabeller(policy, NoPlanForSlotZero(), tokenizer, policy.format).act(
+        [Episode(0, 0, 0, task="t", observation="o"), Episode(1, 1, 0, task="t", observation="o")]
+    )
+    assert [m.action for m in moves] == ["dec", "dec"]  # the policy's action is played either way
+    assert [m.learn for m in moves] == [False, True]
+    assert tokenizer.decode(moves[1].response_ids, skip_special_tokens=True) == "inc"
+    assert moves[1].response_ids[-1] == tokenizer.eos_token_id and list(moves[0].response_ids) == [1, 2]
+
+
+def test_collect_dagger_plays_the_engine_greedily_in_batches(policy):
+    from training.engines import HFEngine
+    from training.sft import collect_dagger
+
+    model, tokenizer = policy
+    config = RolloutConfig(max_turns=3, history_turns=3, max_prompt_tokens=2048, max_new_tokens=4)
+    demos = collect_dagger(COUNTER, HFEngine(model, tokenizer), tokenizer, config, seeds=[0, 1, 2, 3, 4], batch=2)
+    prompts = [tokenizer.decode(prompt, skip_special_tokens=True) for prompt in demos.prompts]
+    labels = [tokenizer.decode(response, skip_special_tokens=True) for response in demos.responses]
+    assert demos.episodes == 5 and 5 <= len(demos) <= 15
+    first_turns = [label for prompt, label in zip(prompts, labels) if "[Action" not in prompt]
+    assert first_turns == ["inc"] * 5  # each episode starts at 0 below its target
+    assert set(labels) <= {"inc", "dec"}  # whatever the untrained policy wrote, the labels are the oracle's
+    with pytest.raises(ValueError, match="oracle"):
+        collect_dagger(_BareTextEnv, HFEngine(model, tokenizer), tokenizer, config, seeds=[0], batch=1)
+
+
+def test_supervised_training_draws_half_of_each_batch_from_the_dagger_pairs_after_the_round(monkeypatch):
+    import training.sft as sft
+
+    batches, modes = [], []
+    step = sft.supervised_step
+
+    def recording_step(model, optimizer, prompts, responses):
+        batches.append([prompt[0] for prompt in prompts])
+        return step(model, optimizer, prompts, responses)
+
+    monkeypatch.setattr(sft, "supervised_step", recording_step)
+    demos = Demonstrations(prompts=[[1, 2], [1, 3], [1, 4], [1, 5]], responses=[[6]] * 4, episodes=4, successes=4)
+    extra = Demonstrations(prompts=[[7, 2], [7, 3], [7, 4]], responses=[[6]] * 3, episodes=5, successes=2)
+    model = _tiny_lm(8)
+
+    def collect():
+        modes.append(model.training)
+        return extra
+
+    metrics = train_supervised(model, demos, steps=6, lr=1e-3, batch_size=4, rng=np.random.default_rng(0),
+                               progress=False, dagger=(4, collect))
+    assert modes == [False]  # collected once, with the model in eval mode
+    assert [sorted(b) for b in batches] == [[1, 1, 1, 1]] * 4 + [[1, 1, 7, 7]] * 2
+    assert metrics["sft/dagger_pairs"] == 3 and metrics["sft/dagger_success_rate"] == pytest.approx(0.4)
+    # Without a DAgger round the batches are drawn as before: one choice over the demonstrations per step.
+    batches.clear()
+    train_supervised(model, demos, steps=3, lr=1e-3, batch_size=2, rng=np.random.default_rng(5), progress=False)
+    rng = np.random.default_rng(5)
+    assert batches == [[demos.prompts[i][0] for i in rng.choice(4, size=2, replace=False)] for _ in range(3)]
+
+
+def test_warm_start_runs_the_dagger_round_on_the_engine(policy):
+    import copy
+
+    from agent_rl.config import load_config
+    from training.engines import HFEngine
+    from training.sft import warm_start
+
+    model, tokenizer = policy
+    config = load_config(overrides=[
+        "env.id=usertest/Counter-v0", "env.kwargs={max_target: 3, max_steps: 10}", "sft.mode=oracle", "sft.steps=3",
+        "sft.episodes=2", "sft.batch_size=2", "sft.dagger_episodes=3", "sft.dagger_fraction=0.4", "rollout.max_turns=4",
+        "logging.console=false",
+    ])
+    clone = copy.deepcopy(model)
+    metrics = warm_start(clone, tokenizer, COUNTER, config, engine=HFEngine(clone, tokenizer))
+    assert metrics["sft/dagger_pairs"] >= 3 and 0.0 <= metrics["sft/dagger_success_rate"] <= 1.0
+    with pytest.raises(ValueError, match="engine"):
+        warm_start(clone, tokenizer, COUNTER, config)
