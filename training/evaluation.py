@@ -93,9 +93,9 @@ def confirm(play_greedy: Callable[[Sequence[int]], int], played: int, wins: int,
     if played < 1:
         raise ValueError(f"confirm extends an evaluation of at least one seed, got played={played}")
     allowed = math.floor(episodes * (1 - target) + 1e-9)  # losses that still leave the target reachable
-    chunk, total = played, played
+    total = played
     while total - wins <= allowed and total < episodes:
-        seeds = eval_seeds(min(episodes, total + chunk))[total:]
+        seeds = eval_seeds(min(episodes, total + played))[total:]
         wins += play_greedy(seeds)
         total += len(seeds)
     if total == played:
