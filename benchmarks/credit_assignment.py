@@ -1,334 +1,562 @@
-"""Trajectory-only vs step-level credit: environments x methods x seeds at an equal budget.
+"""Trajectory-only vs step-level credit with the LLM policy: a gated grid of paired seeds.
 
-Every cell trains from the same warm-start checkpoint of its (environment, seed) for the same
-number of iterations, trajectories and environment steps limit (no early stop), and is evaluated on
-the same held-out seeds. Finished cells are skipped on a rerun; a cell killed midway resumes from its
-last checkpoint.
+Every cell (environment, method, seed) trains from the warm start of its (environment, seed), which
+all methods share, with the same seed stream and the same held-out evaluation episodes (common random
+numbers), so the per-seed difference between a method and the baseline is what is tested.
 
-    python -m benchmarks.credit_assignment             # the full grid (about 2 hours on 2 CPU cores)
-    python -m benchmarks.credit_assignment --quick     # 1 env x 2 methods x 2 seeds, a few minutes
-    agent-rl bench credit [--quick]                    # the same, from a source checkout
+**Pilot gate.** Before any comparison on an environment, its pilot (the baseline cell of the first
+seed) must gain at least ``--gate`` points of sampled success over its warm start: the mean of its last
+two evaluations minus its iteration-0 evaluation. If it does not, no other cell of that environment is
+trained and the report says so.
 
-Outputs under ``--out`` (default ``benchmarks/results/credit_assignment``): each cell's run directory
-(``metrics.jsonl``, checkpoints), ``summary.json``, ``summary.md`` and ``success_<env>.png``.
+    python -m benchmarks.credit_assignment            # the full grid
+    python -m benchmarks.credit_assignment --quick    # a tiny grid in a few minutes (the test suite runs it)
+    agent-rl bench credit [--quick] [--envs maze] [--methods grpo,gigpo-state] [--seeds 5] [--workers 2]
+                          [--gate 15] [--out DIR]
+
+Cells run as ``agent-rl train`` processes, ``--workers`` at a time with one torch thread each.
+Finished cells are skipped on a rerun and a cell killed midway resumes from its last checkpoint. A
+results directory whose cells were trained with other settings is refused, never reused.
+
+Outputs under ``--out`` (default ``benchmarks/results/credit_assignment``): per cell ``runs/<env>/<method>/seed<k>/``
+(``metrics.jsonl``, ``config.yaml``, ``settings.json``; checkpoints are not committed), ``summary.json``,
+``summary.md``, ``success_<env>.png`` (curves) and ``paired_<env>.png`` (per-seed differences).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
-import shutil
+import os
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from benchmarks.common import RESULTS_DIR, machine_info
+from benchmarks.credit_testbed import select_names
+from benchmarks.paired_stats import mean_interval, paired_difference
 
 
 @dataclass(frozen=True)
 class Environment:
     name: str
+    description: str
     overrides: tuple[str, ...]
-    """Recipe overrides shared by every method (environment, rollout size, SFT, iterations)."""
+    """Config overrides shared by every method of this environment."""
     methods: tuple[str, ...]
+    """Methods in the grid; the first is the baseline every other one is paired with."""
 
 
 METHODS: dict[str, tuple[str, ...]] = {
-    "grpo": ("algo=grpo", "algo.kl_coef=0"),
-    "gigpo-state": ("algo=gigpo", "env.anchor_key=state"),
-    "gigpo-observation": ("algo=gigpo", "env.anchor_key=observation"),
-    "gigpo-fingerprint": ("algo=gigpo", "env.anchor_key=fingerprint"),
-    "gigpo-similarity": ("algo=gigpo", "env.anchor_key=similarity"),
+    "grpo": ("algo=grpo",),
     "drgrpo": ("algo=drgrpo",),
-    "gspo": ("algo=gspo",),
+    "gigpo-state": ("algo=grpo", "algo.step_credit=true", "env.anchor_key=state"),
+    "gigpo-context": ("algo=grpo", "algo.step_credit=true", "env.anchor_key=context"),
+    "gigpo-observation": ("algo=grpo", "algo.step_credit=true", "env.anchor_key=observation"),
+    "gigpo-fingerprint": ("algo=grpo", "algo.step_credit=true", "env.anchor_key=fingerprint"),
 }
-"""Each method is a set of config overrides on top of the environment's recipe."""
+"""Each method is config overrides on top of its environment's. The GiGPO methods are GRPO plus step
+credit (same loss, same episode-level advantage), so they differ from ``grpo`` in step credit alone."""
 
-# RL lr 1e-4 rather than the main job's 3e-4: from these weaker warm starts, two Adam steps at 3e-4
-# took grpo on Maze from 53% to 3% sampled success (the step size, not the credit, decided the run).
-# Every environment also charges 0.01 per invalid action, as verl-agent does (0.1 against a success
-# reward of 10): without it both methods drifted into invalid actions on Maze even at 1e-4.
-# The warm start's schedule, batch, demonstration count and perturbation (none) are those the committed grid ran with.
+# Every cell: the hf engine, one torch thread (results do not depend on --workers), no KL, no early stop,
+# greedy and sampled evaluation. Episode statistics count rows (algo.episode_stats=step): with
+# trajectory statistics a group's advantages sum to zero over trajectories but not over rows, and
+# failing trajectories (which run to the step limit) then push the batch away from what it sampled.
 COMMON = (
-    "engine=hf", "sft.mode=random", "sft.episodes=400", "sft.lr_schedule=constant", "sft.batch_size=16", "sft.perturb=0",
-    "optim.lr=1e-4", "trainer.target_success=null", "trainer.eval_sampled=false",
-    "logging.tensorboard=false", "logging.console=false",
+    "engine=hf", "trainer.torch_threads=1", "algo.kl_coef=0", "algo.episode_stats=step",
+    "trainer.target_success=null", "trainer.eval_sampled=true", "logging.tensorboard=false", "logging.console=false",
 )
 
-# Sizes chosen for ~2 hours on a 2-core CPU, each at a setting where the shared warm start wins some
-# but far from all sampled episodes (a group whose members all fail carries no signal for any method):
-# - Maze: four rooms, a locked door whose key may lie in a dead end, 20 steps. Its warm start is a
-#   short oracle clone (200 steps): a random-action clone of the tiny model won 0 of 32 sampled
-#   episodes even in 3-room mazes, because it spends half its turns on `look`/`inventory` and almost
-#   never copies the `take <goal>` command from the admissible list. (150 oracle steps left every
-#   method at 0% greedy, with sampled success falling to 0.)
-# - Sokoban: one box in a 7x7 room scrambled by 20 reverse moves, 16 steps (random clone: ~25%).
-# - TextWorld: coin collector level 3, 12 steps (uniformly random play: ~30%).
-# - MiniCode level 1, whose feedback never repeats verbatim. It has no admissible-action list to
-#   sample random actions from, so its warm start clones the oracle too.
+# Sizes: each cell's iteration costs about what the main job's does on one thread; evaluations (128
+# held-out episodes, sampled and greedy) every 10 iterations.
+# - Maze: the main job's mazes, with a warm start stopped early, at 280 cloning steps instead of 800:
+#   the explorer clone's sampled success climbs from about 12% at 250 steps to 97% at 350 (seed 0),
+#   and at 300 steps greedy play wins far more often than sampled play (84% vs 63%), so the policy
+#   knows more than its samples show and the baseline has room to learn.
+# - MiniCode: level 1, whose feedback never repeats verbatim; 150 constant-rate cloning steps.
 FULL_GRID = (
     Environment(
         "maze",
+        "the main job's Maze (4 rooms, a locked door, a dead end, 20 steps) from a warm start stopped at 280 of the main job's 800 steps",
         ("env.id=agent_rl/Maze-v0",
-         "env.kwargs={n_rooms: 4, n_locked_doors: 1, dead_ends: 1, extra_edges: 0, n_distractors: 0, max_steps: 20, invalid_action_penalty: 0.01}",
-         "rollout.n_groups=8", "rollout.group_size=4", "rollout.max_turns=20", "rollout.history_turns=0",
-         "sft.mode=oracle", "sft.steps=200", "trainer.iterations=15", "trainer.eval_every=3", "trainer.eval_episodes=32"),
-        ("grpo", "drgrpo", "gigpo-state", "gigpo-similarity"),
-    ),
-    Environment(
-        "sokoban",
-        ("env.id=agent_rl/Sokoban-v0",
-         "env.kwargs={width: 7, height: 7, n_boxes: 1, reverse_steps: 20, max_steps: 16, invalid_action_penalty: 0.01}",
-         "rollout.n_groups=8", "rollout.group_size=4", "rollout.max_turns=16", "rollout.history_turns=0",
-         "sft.steps=150", "trainer.iterations=15", "trainer.eval_every=3", "trainer.eval_episodes=32"),
-        ("grpo", "gigpo-state"),
-    ),
-    Environment(
-        "textworld",
-        ("env.id=agent_rl/TextWorld-v0", "env.kwargs={kind: coin_collector, level: 3, n_games: 8, max_steps: 12, invalid_action_penalty: 0.01}",
-         "rollout.n_groups=4", "rollout.group_size=4", "rollout.max_turns=12", "rollout.history_turns=0",
-         "rollout.max_prompt_tokens=768", "sft.steps=150", "trainer.iterations=12", "trainer.eval_every=3",
-         "trainer.eval_episodes=16"),
-        ("grpo", "drgrpo", "gigpo-observation"),
+         "env.kwargs={n_rooms: 4, n_locked_doors: 1, dead_ends: 1, extra_edges: 0, n_distractors: 0, max_steps: 20, oracle: explore}",
+         "rollout.n_groups=8", "rollout.group_size=4", "rollout.max_turns=20", "rollout.history_turns=1",
+         "rollout.max_new_tokens=12", "sft.mode=oracle", "sft.steps=280", "sft.perturb=0", "sft.dagger_episodes=0",
+         "optim.lr=2e-4", "optim.minibatches=4", "trainer.iterations=30", "trainer.eval_every=10",
+         "trainer.eval_episodes=128"),
+        ("grpo", "drgrpo", "gigpo-state", "gigpo-context"),
     ),
     Environment(
         "minicode",
-        ("env.id=agent_rl/MiniCode-v0", "env.kwargs={level: 1, n_tests: 3, max_steps: 4, invalid_action_penalty: 0.01}",
+        "MiniCode level 1 (feedback never repeats verbatim), 4 attempts, history 1",
+        ("env.id=agent_rl/MiniCode-v0", "env.kwargs={level: 1, n_tests: 3, max_steps: 4}",
          "rollout.n_groups=8", "rollout.group_size=4", "rollout.max_turns=4", "rollout.history_turns=1",
-         "rollout.max_new_tokens=24", "sft.mode=oracle", "sft.steps=150", "trainer.iterations=12",
-         "trainer.eval_every=3", "trainer.eval_episodes=32"),
-        ("grpo", "gigpo-fingerprint"),
+         "rollout.max_new_tokens=24", "sft.mode=oracle", "sft.steps=150", "sft.lr_schedule=constant", "sft.perturb=0",
+         "sft.dagger_episodes=0", "optim.lr=2e-4", "optim.minibatches=4", "trainer.iterations=30",
+         "trainer.eval_every=10", "trainer.eval_episodes=128"),
+        ("grpo", "gigpo-observation", "gigpo-fingerprint"),
     ),
 )
-FULL_SEEDS = (0, 1, 2)
+FULL_SEEDS = 5
 
 QUICK_GRID = (
     Environment(
         "maze",
+        "a 2-room Maze, 4 steps (a smoke test of the pipeline)",
         ("env.id=agent_rl/Maze-v0",
          "env.kwargs={n_rooms: 2, n_locked_doors: 0, dead_ends: 0, extra_edges: 0, n_distractors: 0, max_steps: 4}",
          "rollout.n_groups=2", "rollout.group_size=2", "rollout.max_turns=3", "rollout.history_turns=0",
-         "rollout.max_new_tokens=8", "sft.steps=2", "sft.episodes=2", "sft.batch_size=4", "trainer.iterations=2",
-         "trainer.eval_every=1", "trainer.eval_episodes=2", "optim.micro_batch_size=8"),
+         "rollout.max_new_tokens=8", "sft.mode=oracle", "sft.steps=2", "sft.episodes=2", "sft.batch_size=4",
+         "optim.minibatches=2", "trainer.iterations=2", "trainer.eval_every=1", "trainer.eval_episodes=2",
+         "optim.micro_batch_size=8"),
         ("grpo", "gigpo-state"),
     ),
 )
-QUICK_SEEDS = (0, 1)
+QUICK_SEEDS = 2
 
-# Two-sided 95% Student-t quantiles by degrees of freedom (1..10), then the normal value.
-T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+GATE_POINTS = 15.0
+"""Points of sampled success the pilot must gain over its warm start before a comparison runs."""
 
 
-def confidence_interval(values: np.ndarray) -> tuple[float, float]:
-    """Mean and the half-width of its 95% t-interval (0 for a single value)."""
-    values = np.asarray(values, dtype=np.float64)
-    if len(values) < 2:
-        return float(values.mean()), 0.0
-    t = T95[len(values) - 2] if len(values) - 1 <= len(T95) else 1.96
-    return float(values.mean()), float(t * values.std(ddof=1) / math.sqrt(len(values)))
+class MixedSettingsError(RuntimeError):
+    """A results directory holds a run trained with settings other than the grid's."""
+
+
+class CellFailed(RuntimeError):
+    """An ``agent-rl train`` process of the grid exited with an error."""
+
+
+# ---- jobs, settings and the gate ------------------------------------------------------------------
 
 
 @dataclass
-class Cell:
+class Job:
+    """One ``agent-rl train`` run: a warm start (``method`` None) or a cell."""
+
     env: Environment
-    method: str
     seed: int
+    method: str | None
     run_dir: Path
-    records: list[dict] = field(default_factory=list)
+    warm_start: Job | None = None
+    process: subprocess.Popen | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return f"{self.env.name} / {self.method or 'warm start'} / seed {self.seed}"
+
+    @property
+    def done(self) -> bool:
+        return (self.run_dir / "DONE").exists()
+
+    @property
+    def iterations(self) -> int:
+        return 0 if self.method is None else config_of(self).trainer.iterations
+
+    def overrides(self) -> list[str]:
+        """The job's config overrides, without its run directory and start model (which move with ``--out``)."""
+        if self.method is None:
+            return [*COMMON, *self.env.overrides, f"trainer.seed={self.seed}", "trainer.iterations=0"]
+        return [*COMMON, *self.env.overrides, *METHODS[self.method], "sft.mode=none", f"trainer.seed={self.seed}"]
+
+    def command(self) -> list[str]:
+        overrides = [*self.overrides(), f"trainer.run_dir={self.run_dir}"]
+        if self.warm_start is not None:
+            from training import checkpoint
+
+            overrides.append(f"policy={checkpoint.find_checkpoint(self.warm_start.run_dir, 'sft').model_dir}")
+        resume = (self.run_dir / "checkpoints").is_dir() and any((self.run_dir / "checkpoints").iterdir())
+        return [sys.executable, "-m", "agent_rl.cli", "train", *(["--resume", str(self.run_dir)] if resume else []), *overrides]
 
 
-def sft_checkpoint(env: Environment, seed: int, out: Path, on_iteration=None) -> Path:
-    """The shared warm start of (env, seed) (``sft=random`` unless the environment's recipe says
-    otherwise): trained once, reused by every method."""
+def config_of(job: Job):
     from agent_rl.config import load_config
-    from training import checkpoint
-    from training.trainer import train
 
-    run_dir = out / "sft" / f"{env.name}-seed{seed}"
-    if not (run_dir / "DONE").exists():
-        shutil.rmtree(run_dir, ignore_errors=True)
-        train(load_config(overrides=[*COMMON, *env.overrides, f"trainer.seed={seed}", f"trainer.run_dir={run_dir}",
-                                     "trainer.iterations=0"]), on_iteration=on_iteration)
-        (run_dir / "DONE").touch()
-    return checkpoint.find_checkpoint(run_dir, "sft").model_dir
+    return load_config(overrides=job.overrides())
 
 
-def run_cell(cell: Cell, out: Path, on_iteration=None) -> None:
-    """Train ``cell`` unless it is done; ``on_iteration(iteration, metrics)`` reports its progress."""
-    from agent_rl.config import load_config
-    from training import checkpoint
+def settings_of(job: Job) -> dict[str, Any]:
+    """Every config value the job trains with (defaults included, so a changed default shows), flat."""
+    from agent_rl.config import config_to_dict
+
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict) and value and prefix != "env.kwargs":  # kwargs compare as one value
+            for key, item in value.items():
+                walk(f"{prefix}.{key}" if prefix else key, item)
+        else:
+            flat[prefix] = value
+
+    walk("", config_to_dict(config_of(job)))
+    for moving in ("trainer.run_dir", "policy.name_or_path"):
+        flat.pop(moving, None)
+    return flat
+
+
+def check_settings(job: Job, *, record: bool = False) -> None:
+    """Check the job's settings against those recorded in its run directory (if any); ``record``
+    writes them there when none are."""
+    path = job.run_dir / "settings.json"
+    wanted = json.loads(json.dumps(settings_of(job)))  # as JSON would give them back
+    if not path.exists():
+        if job.run_dir.exists() and any(job.run_dir.iterdir()):
+            raise MixedSettingsError(f"{job.run_dir} holds a run with no settings.json; move it away or use another --out")
+        if record:
+            job.run_dir.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(wanted, indent=1, sort_keys=True) + "\n")
+        return
+    recorded = json.loads(path.read_text())
+    changed = sorted(key for key in recorded.keys() | wanted.keys() if recorded.get(key) != wanted.get(key))
+    if changed:
+        shown = "; ".join(f"{key}: {recorded.get(key)!r} there, {wanted.get(key)!r} now" for key in changed[:6])
+        raise MixedSettingsError(
+            f"{job.run_dir} was trained with other settings ({len(changed)} differ: {shown}). Results of different "
+            "settings are never mixed: use another --out, or delete that directory to retrain it."
+        )
+
+
+def evaluations(records: list[dict]) -> list[dict]:
+    """The records that hold a sampled evaluation, in order."""
+    return [r for r in records if r.get("eval/sampled_success") is not None]
+
+
+@dataclass(frozen=True)
+class Gate:
+    env: str
+    start: float
+    """Sampled success of the warm start (the pilot's iteration 0)."""
+    end: float
+    """Mean sampled success of the pilot's last two evaluations."""
+    points: float
+    """The gain needed, in points."""
+
+    @property
+    def gain(self) -> float:
+        return 100.0 * (self.end - self.start)
+
+    @property
+    def passed(self) -> bool:
+        return self.gain >= self.points
+
+    def describe(self) -> str:
+        verdict = "passed" if self.passed else "failed: no comparison was run"
+        return (f"pilot gate {verdict} (the baseline went from {100 * self.start:.1f}% to {100 * self.end:.1f}% "
+                f"sampled success, {self.gain:+.1f} points; {self.points:g} needed)")
+
+
+def pilot_gate(env: str, records: list[dict], points: float) -> Gate:
+    """The gate on a finished pilot's metrics: last two evaluations' mean against iteration 0."""
+    evals = evaluations(records)
+    if len(evals) < 3 or evals[0]["iteration"] != 0:
+        raise ValueError(f"{env}: the pilot needs its iteration-0 evaluation and two more, got {len(evals)} evaluations")
+    return Gate(env, evals[0]["eval/sampled_success"],
+                float(np.mean([r["eval/sampled_success"] for r in evals[-2:]])), points)
+
+
+# ---- running ------------------------------------------------------------------------------------------
+
+
+def plan(grid: tuple[Environment, ...], seeds: int, out: Path) -> dict[str, list[Job]]:
+    """Per environment: the warm starts and cells in the order they run (seed by seed, the pilot first)."""
+    jobs: dict[str, list[Job]] = {}
+    for env in grid:
+        env_jobs = []
+        for seed in range(seeds):
+            warm = Job(env, seed, None, out / "sft" / env.name / f"seed{seed}")
+            env_jobs += [warm, *(Job(env, seed, method, out / "runs" / env.name / method / f"seed{seed}", warm)
+                                 for method in env.methods)]
+        jobs[env.name] = env_jobs
+    return jobs
+
+
+def run_grid(jobs: dict[str, list[Job]], *, workers: int, gate_points: float, progress) -> dict[str, Gate]:
+    """Train every job not done yet, ``workers`` at a time; after each environment's pilot, its gate
+    decides whether the rest of that environment runs. Returns the gates."""
     from training.logger import read_metrics
-    from training.trainer import train
 
-    done = cell.run_dir / "DONE"
-    if not done.exists():
-        start_model = sft_checkpoint(cell.env, cell.seed, out, on_iteration)
-        overrides = [*COMMON, *cell.env.overrides, *METHODS[cell.method], f"policy={start_model}", "sft.mode=none",
-                     f"trainer.seed={cell.seed}", f"trainer.run_dir={cell.run_dir}"]
-        checkpoints = cell.run_dir / checkpoint.CHECKPOINTS
-        resume = checkpoints.is_dir() and any(checkpoints.iterdir())  # a cell killed midway continues
-        train(load_config(overrides=overrides), resume=resume, on_iteration=on_iteration)
-        done.touch()
-    cell.records = read_metrics(cell.run_dir)
+    for job in (job for env_jobs in jobs.values() for job in env_jobs):
+        check_settings(job)  # before anything trains, so a mismatch costs nothing
+    units = {id(job): job.iterations + 1 for env_jobs in jobs.values() for job in env_jobs}  # iteration 0 counts
+    planned = sum(units.values())
+    overall = progress.add_task("grid (iterations of all runs)", total=planned)
+    pending = {name: [job for job in env_jobs if not job.done] for name, env_jobs in jobs.items()}
+    progress.advance(overall, sum(units[id(job)] for env_jobs in jobs.values() for job in env_jobs if job.done))
+    gates: dict[str, Gate] = {}
+    running: dict[int, tuple[Job, Any]] = {}
+    credited: dict[int, int] = {}  # iterations of a running job counted in the overall bar
+
+    def pilot_of(name: str) -> Job:
+        return jobs[name][1]
+
+    def ready(job: Job) -> bool:
+        pilot = pilot_of(job.env.name)
+        gated = job is not pilot and job is not pilot.warm_start
+        return (job.warm_start is None or job.warm_start.done) and (not gated or job.env.name in gates)
+
+    def settle(name: str) -> None:
+        """Judge a finished pilot; a failed gate drops the environment's remaining jobs."""
+        nonlocal planned
+        if name not in gates and pilot_of(name).done:
+            gates[name] = pilot_gate(name, read_metrics(pilot_of(name).run_dir), gate_points)
+            if not gates[name].passed:
+                planned -= sum(units[id(job)] for job in pending[name])
+                progress.update(overall, total=planned)
+                pending[name] = []
+
+    for name in jobs:
+        settle(name)
+    while any(pending.values()) or running:
+        for name in pending:
+            while len(running) < workers:
+                job = next((job for job in pending[name] if ready(job) and id(job) not in running), None)
+                if job is None:
+                    break
+                check_settings(job, record=True)
+                with (job.run_dir / "train.log").open("a") as log:
+                    job.process = subprocess.Popen(job.command(), stdout=log, stderr=subprocess.STDOUT,
+                                                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+                running[id(job)] = (job, progress.add_task(f"  {job.name}", total=units[id(job)]))
+        time.sleep(1.0)
+        for key, (job, task) in list(running.items()):
+            exit_code = job.process.poll()
+            logged = units[key] if exit_code == 0 else min(len(read_metrics(job.run_dir)), units[key] - 1)
+            progress.advance(overall, logged - credited.get(key, 0))
+            progress.update(task, completed=logged)
+            credited[key] = logged
+            if exit_code is None:
+                continue
+            if exit_code != 0:
+                for other, _ in running.values():
+                    other.process.terminate()
+                raise CellFailed(f"{job.name} failed (exit code {exit_code}); its log: {job.run_dir / 'train.log'}")
+            (job.run_dir / "DONE").touch()
+            progress.remove_task(task)
+            del running[key]
+            pending[job.env.name].remove(job)
+            settle(job.env.name)
+    return gates
 
 
-def cell_summary(cell: Cell) -> dict:
-    evals = [r for r in cell.records if r.get("eval/greedy_success") is not None]
+# ---- summaries -----------------------------------------------------------------------------------------
+
+
+def area_under(iterations: np.ndarray, values: np.ndarray) -> float:
+    """Mean height of the piecewise-linear curve through the points (the AUC over the iteration span)."""
+    if len(values) < 2:
+        return float(values[0]) if len(values) else 0.0
+    return float(np.trapezoid(values, iterations) / (iterations[-1] - iterations[0]))
+
+
+def cell_summary(records: list[dict]) -> dict[str, Any]:
+    """Curves and scalar metrics of one finished cell."""
+    evals = evaluations(records)
     iterations = np.array([r["iteration"] for r in evals], dtype=np.float64)
-    success = np.array([r["eval/greedy_success"] for r in evals], dtype=np.float64)
-    rows_per_iteration = {r["iteration"]: r.get("rollout/rows", 0.0) for r in cell.records}
-    env_steps = np.array([sum(v for k, v in rows_per_iteration.items() if k <= it) for it in iterations])
-    trained = [r for r in cell.records if r["iteration"] > 0]
-    phase = {p: float(np.mean([r.get(f"time/{p}", 0.0) or 0.0 for r in trained])) if trained else 0.0
-             for p in ("rollout", "advantage", "update", "sync")}
-    iteration_seconds = sum(phase.values())
+    sampled = np.array([r["eval/sampled_success"] for r in evals])
+    greedy = np.array([r["eval/greedy_success"] for r in evals])
+    trained = [r for r in records if r["iteration"] > 0]
 
-    def first_reaching(level: float) -> float | None:
-        hits = iterations[success >= level]
-        return float(hits[0]) if len(hits) else None
+    def mean_of(key: str) -> float | None:
+        values = [r[key] for r in trained if r.get(key) is not None]
+        return float(np.mean(values)) if values else None
 
+    phases = {p: mean_of(f"time/{p}") or 0.0 for p in ("rollout", "advantage", "update", "sync")}
     return {
         "iterations": iterations.tolist(),
-        "env_steps": env_steps.tolist(),
-        "greedy_success": success.tolist(),
-        "final_success": float(success[-1]) if len(success) else 0.0,
-        "auc": float(np.trapezoid(success, iterations) / max(iterations[-1] - iterations[0], 1.0)) if len(success) > 1 else 0.0,
-        "iterations_to_50": first_reaching(0.5),
-        "iterations_to_90": first_reaching(0.9),
-        "grouped_fraction": float(np.mean([r.get("anchors/grouped_fraction", 0.0) for r in trained])) if trained else 0.0,
-        "mean_anchor_group_size": float(np.mean([r.get("anchors/mean_group_size", 0.0) for r in trained])) if trained else 0.0,
-        "phase_seconds_per_iteration": phase,
-        "training_seconds": float(cell.records[-1].get("time/elapsed", 0.0)) if cell.records else 0.0,
-        "advantage_share_of_iteration": phase["advantage"] / iteration_seconds if iteration_seconds else 0.0,
+        "sampled_success": sampled.tolist(),
+        "greedy_success": greedy.tolist(),
+        "sampled_auc": area_under(iterations, sampled),
+        "greedy_auc": area_under(iterations, greedy),
+        "final_sampled_success": float(sampled[-1]),
+        "final_greedy_success": float(greedy[-1]),
+        "final_invalid_rate": float(evals[-1]["eval/sampled_invalid_rate"]),
+        "final_episode_length": float(evals[-1]["eval/sampled_length"]),
+        "grouped_fraction": mean_of("anchors/grouped_fraction"),
+        "mean_anchor_group_size": mean_of("anchors/mean_group_size"),
+        "credit_share_of_iteration": phases["advantage"] / sum(phases.values()) if sum(phases.values()) else 0.0,
+        "training_seconds": float(records[-1]["time/elapsed"]),
     }
 
 
-def aggregate(cells: list[Cell]) -> dict:
-    summary: dict = {}
-    for cell in cells:
-        summary.setdefault(cell.env.name, {}).setdefault(cell.method, {"seeds": {}})["seeds"][cell.seed] = cell_summary(cell)
-    for methods in summary.values():
-        for result in methods.values():
-            seeds = list(result["seeds"].values())
-            for key in ("final_success", "auc", "grouped_fraction", "advantage_share_of_iteration"):
-                mean, half = confidence_interval(np.array([s[key] for s in seeds]))
-                result[key] = {"mean": mean, "ci95": half}
-            for level in ("50", "90"):
-                reached = [s[f"iterations_to_{level}"] for s in seeds if s[f"iterations_to_{level}"] is not None]
-                result[f"iterations_to_{level}"] = {"mean": float(np.mean(reached)) if reached else None,
-                                                    "seeds_reaching": len(reached), "seeds": len(seeds)}
-            curves = np.array([s["greedy_success"] for s in seeds])
-            result["curve"] = {"iterations": seeds[0]["iterations"], "env_steps": seeds[0]["env_steps"],
-                               "mean": curves.mean(0).tolist(),
-                               "ci95": [confidence_interval(curves[:, i])[1] for i in range(curves.shape[1])]}
+PAIRED_METRICS = ("sampled_auc", "greedy_auc", "final_sampled_success", "final_invalid_rate", "final_episode_length")
+"""Per-seed metrics compared by paired differences; the first, the AUC of sampled success, is primary."""
+
+
+def summarize(jobs: dict[str, list[Job]], gates: dict[str, Gate]) -> dict[str, Any]:
+    """Per environment: the gate, per-method cell summaries and means, and every method's paired
+    differences against the baseline over the seeds where both finished."""
+    from training.logger import read_metrics
+
+    summary: dict[str, Any] = {}
+    for name, env_jobs in jobs.items():
+        env = env_jobs[0].env
+        cells = {m: {job.seed: cell_summary(read_metrics(job.run_dir)) for job in env_jobs if job.method == m and job.done}
+                 for m in env.methods}
+        starts = {}  # iteration 0 of every cell of a seed evaluates the same warm start
+        for method_cells in cells.values():
+            for seed, cell in method_cells.items():
+                starts.setdefault(seed, set()).add((cell["sampled_success"][0], cell["greedy_success"][0]))
+        methods = {}
+        for method, seeds in cells.items():
+            result: dict[str, Any] = {"seeds": seeds}
+            if seeds:
+                for key in (*PAIRED_METRICS, "grouped_fraction", "mean_anchor_group_size", "credit_share_of_iteration"):
+                    values = [s[key] for s in seeds.values() if s[key] is not None]
+                    result[key] = dict(zip(("mean", "ci95"), mean_interval(np.array(values)))) if values else None
+                curves = np.array([s["sampled_success"] for s in seeds.values()])
+                result["curve"] = {"iterations": next(iter(seeds.values()))["iterations"], "sampled_mean": curves.mean(0).tolist(),
+                                   "greedy_mean": np.array([s["greedy_success"] for s in seeds.values()]).mean(0).tolist()}
+            baseline = cells[env.methods[0]]
+            paired = sorted(set(seeds) & set(baseline))
+            if method != env.methods[0] and len(paired) >= 2:
+                result["paired"] = {"seeds": paired}
+                for key in PAIRED_METRICS:
+                    difference = paired_difference(np.array([seeds[s][key] for s in paired]), np.array([baseline[s][key] for s in paired]))
+                    result["paired"][key] = {**difference.as_dict(), "per_seed": [seeds[s][key] - baseline[s][key] for s in paired]}
+            methods[method] = result
+        gate = gates.get(name)
+        summary[name] = {
+            "description": env.description,
+            "baseline": env.methods[0],
+            "gate": None if gate is None else {**vars(gate), "gain": gate.gain, "passed": gate.passed, "text": gate.describe()},
+            "warm_start_shared": all(len(s) == 1 for s in starts.values()),
+            "methods": methods,
+        }
     return summary
 
 
-def write_markdown(summary: dict, path: Path) -> None:
-    lines = ["| env | method | final greedy success (95% CI) | AUC | iters to 50% | iters to 90% | steps in anchor groups >= 2 | step credit's share of iteration time |",
-             "|---|---|---|---|---|---|---|---|"]
-    for env, methods in summary.items():
-        for method, r in methods.items():
-            def reach(level: str) -> str:
-                x = r[f"iterations_to_{level}"]
-                return "-" if x["mean"] is None else f"{x['mean']:.1f} ({x['seeds_reaching']}/{x['seeds']})"
+def _points(x: dict | None) -> str:
+    return "-" if x is None else f"{100 * x['mean']:.1f} ± {100 * x['ci95']:.1f}"
 
-            lines.append(
-                f"| {env} | {method} | {r['final_success']['mean']:.2f} ± {r['final_success']['ci95']:.2f} | "
-                f"{r['auc']['mean']:.2f} | {reach('50')} | {reach('90')} | {100 * r['grouped_fraction']['mean']:.0f}% | "
-                f"{100 * r['advantage_share_of_iteration']['mean']:.2f}% |"
-            )
+
+def write_markdown(summary: dict[str, Any], path: Path) -> None:
+    lines = ["# Trajectory-only vs step-level credit (LLM policy)", ""]
+    for name, env in summary.items():
+        lines += [f"## {name}", "", f"{env['description']}.", ""]
+        lines.append(f"- {env['gate']['text']}." if env["gate"] else "- The pilot has not finished.")
+        if not env["warm_start_shared"]:
+            lines.append("- **Warning:** the cells of some seed started from different iteration-0 evaluations, so they did not share one warm start.")
+        lines += ["", "| method | seeds | sampled AUC | vs baseline (95% CI) | Wilcoxon p | wins/losses | per-seed difference | "
+                  "greedy AUC vs baseline | final sampled | final invalid rate | steps in anchor groups >= 2 | credit's share of time |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for method, r in env["methods"].items():
+            if not r["seeds"]:
+                continue
+            paired = r.get("paired")
+            if paired:
+                auc, greedy = paired["sampled_auc"], paired["greedy_auc"]
+                versus = (f"{100 * auc['mean']:+.1f} [{100 * auc['ci_low']:+.1f}, {100 * auc['ci_high']:+.1f}] | "
+                          f"{auc['wilcoxon_p']:.2g} | {auc['wins']}/{auc['losses']} | "
+                          f"{', '.join(f'{100 * d:+.1f}' for d in auc['per_seed'])} | "
+                          f"{100 * greedy['mean']:+.1f} [{100 * greedy['ci_low']:+.1f}, {100 * greedy['ci_high']:+.1f}]")
+            else:
+                versus = "- | - | - | - | -"
+            grouped = "-" if r["grouped_fraction"] is None else f"{100 * r['grouped_fraction']['mean']:.0f}%"
+            lines.append(f"| {method} | {len(r['seeds'])} | {_points(r['sampled_auc'])} | {versus} | "
+                         f"{_points(r['final_sampled_success'])} | {_points(r['final_invalid_rate'])} | {grouped} | "
+                         f"{100 * r['credit_share_of_iteration']['mean']:.2f}% |")
+        lines.append("")
+    lines.append("Success in percent; differences in points, method minus baseline on the same seed. AUC: the mean "
+                 "height of the sampled-success curve over the evaluated iterations.")
     path.write_text("\n".join(lines) + "\n")
 
 
-def plot(summary: dict, out: Path) -> list[Path]:
+def plot(summary: dict[str, Any], out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    paths = []
-    for env, methods in summary.items():
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for name, env in summary.items():
+        methods = {m: r for m, r in env["methods"].items() if r["seeds"]}
+        if not methods:
+            continue
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
         for method, r in methods.items():
-            mean, half = np.array(r["curve"]["mean"]), np.array(r["curve"]["ci95"])
-            for ax, x in zip(axes, (r["curve"]["iterations"], r["curve"]["env_steps"])):
-                ax.plot(x, mean, marker="o", label=method)
-                ax.fill_between(x, np.clip(mean - half, 0, 1), np.clip(mean + half, 0, 1), alpha=0.2)
-        for ax, label in zip(axes, ("iteration", "environment steps")):
-            ax.set_xlabel(label)
-            ax.set_ylabel("greedy eval success")
-            ax.set_ylim(-0.02, 1.02)
+            for ax, key in zip(axes, ("sampled", "greedy")):
+                curves = np.array([s[f"{key}_success"] for s in r["seeds"].values()])
+                x = r["curve"]["iterations"]
+                ax.plot(x, curves.mean(0), marker="o", label=f"{method} ({len(curves)} seeds)")
+                if len(curves) > 1:
+                    half = np.array([mean_interval(curves[:, i])[1] for i in range(curves.shape[1])])
+                    ax.fill_between(x, curves.mean(0) - half, curves.mean(0) + half, alpha=0.15)
+        for ax, key in zip(axes, ("sampled", "greedy")):
+            ax.set_xlabel("iteration")
+            ax.set_title(f"{key} success, held-out episodes")
             ax.grid(alpha=0.3)
+        axes[0].set_ylabel("success (mean over seeds, 95% CI)")
         axes[0].legend(fontsize=8)
-        fig.suptitle(f"{env}: mean over seeds, 95% CI band")
         fig.tight_layout()
-        path = out / f"success_{env}.png"
-        fig.savefig(path, dpi=110)
+        fig.savefig(out / f"success_{name}.png", dpi=110)
         plt.close(fig)
-        paths.append(path)
-    return paths
+        paired = {m: r["paired"]["sampled_auc"] for m, r in methods.items() if r.get("paired")}
+        if not paired:
+            continue
+        fig, ax = plt.subplots(figsize=(6, 0.9 + 0.6 * len(paired)))
+        for row, (method, d) in enumerate(paired.items()):
+            ax.scatter(100 * np.array(d["per_seed"]), np.full(len(d["per_seed"]), row), color="0.5", s=14, zorder=2)
+            ax.errorbar(100 * d["mean"], row, xerr=[[100 * (d["mean"] - d["ci_low"])], [100 * (d["ci_high"] - d["mean"])]],
+                        fmt="o", color="C0", capsize=4, zorder=3)
+        ax.axvline(0, color="k", lw=0.8)
+        ax.set_yticks(range(len(paired)), list(paired))
+        ax.set_xlabel(f"sampled-success AUC minus {env['baseline']}'s (points): seeds, mean and 95% CI")
+        fig.tight_layout()
+        fig.savefig(out / f"paired_{name}.png", dpi=110)
+        plt.close(fig)
 
 
-def iteration_reporter(progress, task_id, total: int):
-    """An ``on_iteration`` callback that shows a cell's iteration and its last greedy eval."""
-    last_eval = ""
-
-    def report(iteration: int, metrics: dict) -> None:
-        nonlocal last_eval
-        if metrics.get("eval/greedy_success") is not None:
-            last_eval = f", last greedy success {metrics['eval/greedy_success']:.2f}"
-        progress.update(task_id, completed=iteration, description=f"  iteration {iteration}/{total}{last_eval}")
-
-    return report
+# ---- command line ----------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="1 env x 2 methods x 2 seeds, a few iterations")
-    parser.add_argument("--out", type=Path, default=None, help="output directory")
+    parser.add_argument("--quick", action="store_true", help="a tiny Maze, 2 methods, 2 seeds, 2 iterations")
+    parser.add_argument("--envs", help="comma-separated subset of the grid's environments")
+    parser.add_argument("--methods", help="comma-separated subset of the methods (each environment keeps its baseline)")
+    parser.add_argument("--seeds", type=int, help=f"paired seeds 0..N-1 (default {FULL_SEEDS}; --quick {QUICK_SEEDS})")
+    parser.add_argument("--workers", type=int, default=2, help="cells trained at once, one torch thread each (default 2)")
+    parser.add_argument("--gate", type=float, default=GATE_POINTS, help=f"points the pilot must gain (default {GATE_POINTS:g})")
+    parser.add_argument("--out", type=Path, help="output directory")
     args = parser.parse_args(argv)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    from agent_rl.config import load_config
-
     grid, seeds = (QUICK_GRID, QUICK_SEEDS) if args.quick else (FULL_GRID, FULL_SEEDS)
+    try:
+        if args.envs:
+            names = select_names("environment", args.envs.split(","), {env.name: env for env in grid})
+            grid = tuple(env for env in grid if env.name in names)
+        if args.methods:
+            names = select_names("method", args.methods.split(","), {m: m for env in grid for m in env.methods})
+            grid = tuple(Environment(env.name, env.description, env.overrides,
+                                     tuple(m for m in env.methods if m == env.methods[0] or m in names)) for env in grid)
+        seeds = args.seeds if args.seeds is not None else seeds
+        if seeds < 2 or args.workers < 1:
+            raise ValueError(f"need --seeds >= 2 (paired differences) and --workers >= 1, got {seeds} and {args.workers}")
+    except ValueError as exc:
+        parser.error(str(exc))
     out = args.out or RESULTS_DIR / ("credit_assignment_quick" if args.quick else "credit_assignment")
     out.mkdir(parents=True, exist_ok=True)
-    cells = [Cell(env, method, seed, out / "runs" / env.name / method / f"seed{seed}")
-             for env in grid for seed in seeds for method in env.methods]
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    jobs = plan(grid, seeds, out)
     start = time.perf_counter()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
-    with Progress(*columns) as progress:
-        task = progress.add_task("grid", total=len(cells))
-        iteration_task = progress.add_task("iteration", total=None)
-        for cell in cells:
-            name = f"{cell.env.name} / {cell.method} / seed {cell.seed}"
-            progress.update(task, description=name)
-            total = int(load_config(overrides=[*COMMON, *cell.env.overrides]).trainer.iterations)
-            finished = (cell.run_dir / "DONE").exists()
-            progress.reset(iteration_task, total=total, completed=total if finished else 0,
-                           description="  finished in an earlier run" if finished else "  warm start / iteration 0")
-            run_cell(cell, out, iteration_reporter(progress, iteration_task, total))
-            progress.advance(task)
-    summary = aggregate(cells)
-    from training.logger import read_metrics
-
-    # Training time of every cell and warm start (kept in checkpoints, so it spans resumed runs);
-    # the warm starts' run directories are not committed, so a rerun elsewhere reports them as null.
-    warm_starts = [read_metrics(out / "sft" / f"{env.name}-seed{seed}") for env in grid for seed in seeds]
-    compute = {"cells_s": sum(seed["training_seconds"] for methods in summary.values() for result in methods.values()
-                              for seed in result["seeds"].values()),
-               "warm_starts_s": sum(r[-1]["time/elapsed"] for r in warm_starts) if all(warm_starts) else None}
-    payload = {"machine": machine_info(), "quick": args.quick, "seeds": list(seeds),
-               "wall_s_of_this_invocation": time.perf_counter() - start, "training_seconds": compute,
-               "grid": {env.name: {"overrides": [*COMMON, *env.overrides], "methods": {m: list(METHODS[m]) for m in env.methods}}
-                        for env in grid},
-               "results": summary}
+    try:
+        with Progress(*columns) as progress:
+            gates = run_grid(jobs, workers=args.workers, gate_points=args.gate, progress=progress)
+    except (MixedSettingsError, CellFailed) as exc:
+        print(f"credit_assignment: error: {exc}", file=sys.stderr)
+        return 2
+    summary = summarize(jobs, gates)
+    payload = {
+        "machine": machine_info(), "quick": args.quick, "seeds": seeds, "gate_points": args.gate, "workers": args.workers,
+        "wall_s_of_this_invocation": time.perf_counter() - start,
+        "grid": {env.name: {"overrides": [*COMMON, *env.overrides], "methods": {m: list(METHODS[m]) for m in env.methods}}
+                 for env in grid},
+        "results": summary,
+    }
     (out / "summary.json").write_text(json.dumps(payload, indent=2) + "\n")
     write_markdown(summary, out / "summary.md")
     plot(summary, out)

@@ -253,7 +253,8 @@ QUICK = Settings(seeds=6, tasks=2, updates=3, workers=1,
                  arms=("grpo", "gigpo", "step-only", "gigpo-similarity", "gigpo-context1", "grpo-g8", "gigpo-g8"))
 
 
-def _select(kind: str, requested: list[str], valid: dict[str, Any]) -> tuple[str, ...]:
+def select_names(kind: str, requested: list[str], valid: dict[str, Any]) -> tuple[str, ...]:
+    """``requested`` without repeats, or a ValueError naming every unknown name and listing the valid ones."""
     unknown = [name for name in requested if name not in valid]
     if unknown:
         raise ValueError(f"unknown {kind} {', '.join(map(repr, unknown))}; valid {kind}s: {', '.join(valid)}")
@@ -874,9 +875,9 @@ def main(argv: list[str] | None = None) -> int:
     overrides: dict[str, Any] = {}
     try:
         if args.envs:
-            overrides["envs"] = _select("environment", args.envs.split(","), ENVIRONMENTS)
+            overrides["envs"] = select_names("environment", args.envs.split(","), ENVIRONMENTS)
         if args.arms:
-            overrides["arms"] = _select("arm", args.arms.split(","), ARMS)
+            overrides["arms"] = select_names("arm", args.arms.split(","), ARMS)
         for name in ("seeds", "workers"):
             value = getattr(args, name)
             if value is not None and value < {"seeds": 2, "workers": 1}[name]:

@@ -371,10 +371,13 @@ class Learner:
                 step_metrics.append(metrics)
                 progress.update(task, advance=1)
         progress.remove_task(task)
-        combined = {key: float(np.mean([m[key] for m in step_metrics if key in m])) for key in step_metrics[0]}
+        # A minibatch whose rows all have zero advantage forwards nothing and reports no loss terms:
+        # each metric aggregates over the steps that report it.
+        keys = dict.fromkeys(key for m in step_metrics for key in m)
+        combined = {key: float(np.mean([m[key] for m in step_metrics if key in m])) for key in keys}
         for key, extreme in RATIO_EXTREMES.items():
             if key in combined:
-                combined[key] = float(extreme(m[key] for m in step_metrics))
+                combined[key] = float(extreme(m[key] for m in step_metrics if key in m))
         combined["optimizer_steps"] = float(len(step_metrics))
         # This process's total over the update (under torch.distributed, its share of the rows).
         combined["forwarded_tokens"] = float(sum(m["forwarded_tokens"] for m in step_metrics))

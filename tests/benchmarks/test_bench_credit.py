@@ -1,4 +1,4 @@
-"""The credit-assignment benchmark's --quick grid: a smoke test of the whole pipeline (structure only)."""
+"""The LLM credit benchmark: its gate, settings check, statistics and report, and the --quick grid."""
 
 from __future__ import annotations
 
@@ -7,46 +7,170 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from agent_rl.cli import main
+from agent_rl.cli import main as cli_main
+from benchmarks import credit_assignment as bench
+
+
+def _records(iterations, sampled, greedy=None, invalid=0.1, length=9.0, grouped=None):
+    """metrics.jsonl records of a finished cell: one per iteration 0..max, evaluations at ``iterations``."""
+    greedy = sampled if greedy is None else greedy
+    evals = {it: (s, g) for it, s, g in zip(iterations, sampled, greedy)}
+    records = []
+    for it in range(iterations[-1] + 1):
+        record = {"iteration": it, "time/elapsed": 10.0 * (it + 1), "time/rollout": 3.0, "time/advantage": 1.0,
+                  "time/update": 4.0, "time/sync": 0.0}
+        if grouped is not None and it > 0:
+            record["anchors/grouped_fraction"] = grouped
+            record["anchors/mean_group_size"] = 3.0
+        if it in evals:
+            record.update({"eval/sampled_success": evals[it][0], "eval/greedy_success": evals[it][1],
+                           "eval/sampled_invalid_rate": invalid, "eval/sampled_length": length})
+        records.append(record)
+    return records
+
+
+def _write(run_dir: Path, records) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (run_dir / "DONE").touch()
+
+
+def test_area_under_is_the_mean_height_of_the_curve():
+    assert bench.area_under(np.array([0.0, 5, 10]), np.array([0.2, 0.4, 0.6])) == pytest.approx(0.4)
+    # Uneven spacing: (0 + 1) / 2 * 10 + 1 * 20 = 25 over 30 iterations.
+    assert bench.area_under(np.array([0.0, 10, 30]), np.array([0.0, 1.0, 1.0])) == pytest.approx(25 / 30)
+    assert bench.area_under(np.array([3.0]), np.array([0.7])) == pytest.approx(0.7)
+
+
+def test_pilot_gate_compares_the_last_two_evaluations_with_iteration_zero():
+    records = _records([0, 5, 10, 15], [0.30, 0.35, 0.44, 0.48])
+    gate = bench.pilot_gate("maze", records, 15.0)
+    assert gate.start == 0.30 and gate.end == pytest.approx(0.46)
+    assert gate.gain == pytest.approx(16.0) and gate.passed
+    assert not bench.pilot_gate("maze", records, 16.5).passed
+    assert "failed" in bench.pilot_gate("maze", records, 16.5).describe()
+    assert "+16.0 points" in gate.describe()
+    with pytest.raises(ValueError, match="iteration-0 evaluation and two more"):
+        bench.pilot_gate("maze", _records([0, 5], [0.3, 0.5]), 15.0)
+
+
+def _grid(tmp_path, methods=("grpo", "gigpo-state")):
+    env = bench.Environment("maze", "a test maze", bench.QUICK_GRID[0].overrides, methods)
+    return bench.plan((env,), 3, tmp_path)
+
+
+def test_summary_pairs_each_method_with_the_baseline_on_shared_seeds(tmp_path):
+    jobs = _grid(tmp_path)
+    base_auc = {0: [0.2, 0.3, 0.4], 1: [0.1, 0.1, 0.1], 2: [0.5, 0.5, 0.6]}
+    step_auc = {0: [0.2, 0.5, 0.6], 1: [0.1, 0.2, 0.3], 2: [0.5, 0.4, 0.4]}
+    for job in jobs["maze"]:
+        if job.method == "grpo":
+            _write(job.run_dir, _records([0, 5, 10], base_auc[job.seed]))
+        elif job.method == "gigpo-state" and job.seed != 2:  # seed 2 of the treatment is unfinished
+            _write(job.run_dir, _records([0, 5, 10], step_auc[job.seed], invalid=0.05, grouped=0.9))
+    summary = bench.summarize(jobs, {})["maze"]
+    assert summary["baseline"] == "grpo" and summary["gate"] is None and summary["warm_start_shared"]
+    grpo, step = summary["methods"]["grpo"], summary["methods"]["gigpo-state"]
+    # AUCs (trapezoid over 0, 5, 10): grpo 0.3, 0.1, 0.525; gigpo-state 0.45, 0.2.
+    assert [grpo["seeds"][s]["sampled_auc"] for s in (0, 1, 2)] == pytest.approx([0.3, 0.1, 0.525])
+    assert "paired" not in grpo
+    paired = step["paired"]
+    assert paired["seeds"] == [0, 1]
+    assert paired["sampled_auc"]["per_seed"] == pytest.approx([0.15, 0.1])
+    assert paired["sampled_auc"]["mean"] == pytest.approx(0.125) and paired["sampled_auc"]["wins"] == 2
+    assert paired["final_invalid_rate"]["per_seed"] == pytest.approx([-0.05, -0.05])
+    assert step["grouped_fraction"]["mean"] == pytest.approx(0.9) and grpo["grouped_fraction"] is None
+    assert step["credit_share_of_iteration"]["mean"] == pytest.approx(1 / 8)
+    bench.write_markdown({"maze": summary}, tmp_path / "summary.md")
+    table = (tmp_path / "summary.md").read_text()
+    assert "| gigpo-state | 2 | 32.5 ± " in table and "+12.5 [" in table and "+15.0, +10.0" in table
+    assert "The pilot has not finished" in table
+
+
+def test_summary_flags_cells_of_a_seed_that_did_not_share_a_warm_start(tmp_path):
+    jobs = _grid(tmp_path)
+    for job in jobs["maze"]:
+        if job.method is not None and job.seed == 0:
+            _write(job.run_dir, _records([0, 5, 10], [0.2 if job.method == "grpo" else 0.25, 0.3, 0.4]))
+    summary = bench.summarize(jobs, {})
+    assert not summary["maze"]["warm_start_shared"]
+
+
+def test_settings_are_recorded_then_checked(tmp_path):
+    job = _grid(tmp_path)["maze"][1]
+    bench.check_settings(job)
+    assert not job.run_dir.exists()  # checked, nothing recorded
+    bench.check_settings(job, record=True)
+    recorded = json.loads((job.run_dir / "settings.json").read_text())
+    assert recorded["algo.preset"] == "grpo" and recorded["trainer.seed"] == 0 and "trainer.run_dir" not in recorded
+    bench.check_settings(job)  # the same settings: accepted
+    other = bench.Job(bench.Environment("maze", "", (*job.env.overrides, "optim.lr=5e-5"), job.env.methods),
+                      job.seed, job.method, job.run_dir)
+    with pytest.raises(bench.MixedSettingsError, match=r"1 differ: optim.lr: 0.0003 there, 5e-05 now"):
+        bench.check_settings(other)
+    stray = tmp_path / "stray"
+    (stray / "metrics.jsonl").parent.mkdir()
+    (stray / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(bench.MixedSettingsError, match="no settings.json"):
+        bench.check_settings(bench.Job(job.env, 0, "grpo", stray))
+
+
+def test_every_full_grid_run_has_valid_settings():
+    from agent_rl.config import resolve
+
+    for env_jobs in bench.plan(bench.FULL_GRID, bench.FULL_SEEDS, Path("/nonexistent")).values():
+        for job in env_jobs:
+            settings = bench.settings_of(job)
+            assert settings["trainer.torch_threads"] == 1 and settings["trainer.target_success"] is None
+            if job.method is not None:
+                assert settings["sft.mode"] == "none" and settings["trainer.eval_episodes"] >= 128
+                assert resolve(bench.config_of(job)).algo.step_credit == job.method.startswith("gigpo")
+
+
+def test_unknown_names_are_errors_that_list_the_valid_ones(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--envs", "maze,sokobann"])
+    assert "unknown environment 'sokobann'; valid environments: maze, minicode" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--methods", "gigpo"])
+    assert "unknown method 'gigpo'" in capsys.readouterr().err
 
 
 @pytest.mark.slow
-def test_quick_grid_writes_every_output_and_resumes(tmp_path):
+def test_quick_grid_gate_report_resume_and_settings_check(tmp_path, capsys):
     out = tmp_path / "grid"
-    # The installed console script, from outside the checkout: the way users run it.
-    console_script = Path(sys.executable).with_name("agent-rl")
-    run = subprocess.run([str(console_script), "bench", "credit", "--quick", "--out", str(out)], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=600)
+    # An unreachable gate: the pilot trains, the report says why nothing else ran.
+    console_script = Path(sys.executable).with_name("agent-rl")  # the installed script, run as users do
+    run = subprocess.run([str(console_script), "bench", "credit", "--quick", "--gate", "101", "--out", str(out)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["quick"] is True and summary["seeds"] == [0, 1]
-    assert summary["training_seconds"]["cells_s"] > 0 and summary["training_seconds"]["warm_starts_s"] > 0
-    methods = summary["results"]["maze"]
-    assert set(methods) == {"grpo", "gigpo-state"}
-    for result in methods.values():
-        assert set(result["seeds"]) == {"0", "1"}
-        assert 0.0 <= result["final_success"]["mean"] <= 1.0 and result["final_success"]["ci95"] >= 0.0
-        assert len(result["curve"]["mean"]) == len(result["curve"]["iterations"]) == 3  # iterations 0, 1, 2
-        assert result["curve"]["env_steps"][0] == 0 and result["curve"]["env_steps"][-1] > 0
-    table = (out / "summary.md").read_text().splitlines()
-    assert len(table) == 2 + 2 and table[2].startswith("| maze | ")
-    assert (out / "success_maze.png").stat().st_size > 0
-    metrics = sorted(out.glob("runs/maze/*/seed*/metrics.jsonl"))
-    assert len(metrics) == 4
-    stamps = [m.stat().st_mtime_ns for m in metrics]
-    # A rerun skips finished cells: no run is trained again.
-    assert main(["bench", "credit", "--quick", "--out", str(out)]) == 0
-    assert [m.stat().st_mtime_ns for m in metrics] == stamps
-
-
-def test_the_full_grid_warm_starts_as_committed_whatever_the_defaults():
-    """The committed grid cloned 400 episodes in batches of 16 at a constant rate: its overrides name
-    that, so changing the main job's warm start does not change what a rerun of the grid trains."""
-    from agent_rl.config import load_config
-    from benchmarks.credit_assignment import COMMON, FULL_GRID
-
-    for env in FULL_GRID:
-        sft = load_config(overrides=[*COMMON, *env.overrides]).sft
-        assert (sft.episodes, sft.lr_schedule, sft.batch_size, sft.lr, sft.perturb) == (400, "constant", 16, 1e-3, 0.0), env.name
+    summary = json.loads((out / "summary.json").read_text())["results"]["maze"]
+    assert summary["gate"]["passed"] is False and "no comparison was run" in (out / "summary.md").read_text()
+    assert sorted(p.parent.name for p in out.glob("runs/maze/*/seed*/DONE")) == ["seed0"]
+    assert not (out / "runs/maze/gigpo-state").exists()  # nothing of a gated-out cell is written
+    assert "paired" not in summary["methods"]["gigpo-state"]
+    pilot = out / "runs/maze/grpo/seed0/metrics.jsonl"
+    stamp = pilot.stat().st_mtime_ns
+    # A gate every pilot passes: the rest of the grid runs and the pilot is reused.
+    assert bench.main(["--quick", "--gate", "-100", "--out", str(out)]) == 0
+    assert pilot.stat().st_mtime_ns == stamp
+    payload = json.loads((out / "summary.json").read_text())
+    maze = payload["results"]["maze"]
+    assert maze["gate"]["passed"] and maze["warm_start_shared"]
+    assert maze["methods"]["gigpo-state"]["paired"]["seeds"] == [0, 1]
+    for method in ("grpo", "gigpo-state"):
+        for cell in maze["methods"][method]["seeds"].values():
+            assert cell["iterations"] == [0.0, 1.0, 2.0] and 0.0 <= cell["sampled_auc"] <= 1.0
+    assert (out / "success_maze.png").stat().st_size > 0 and (out / "paired_maze.png").stat().st_size > 0
+    # A rerun trains nothing; a changed setting is refused with the differing key.
+    stamps = [p.stat().st_mtime_ns for p in sorted(out.glob("runs/maze/*/seed*/metrics.jsonl"))]
+    assert cli_main(["bench", "credit", "--quick", "--gate", "-100", "--out", str(out)]) == 0
+    assert [p.stat().st_mtime_ns for p in sorted(out.glob("runs/maze/*/seed*/metrics.jsonl"))] == stamps
+    settings = out / "runs/maze/gigpo-state/seed1/settings.json"
+    settings.write_text(settings.read_text().replace('"optim.lr": 0.0003', '"optim.lr": 0.001'))
+    capsys.readouterr()
+    assert bench.main(["--quick", "--out", str(out)]) == 2
+    assert "optim.lr: 0.001 there, 0.0003 now" in capsys.readouterr().err

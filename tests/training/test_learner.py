@@ -157,6 +157,26 @@ def test_minibatch_update_does_not_depend_on_the_micro_batch_split_and_moves_the
         assert metrics["update/clip_frac"] > 0.0
 
 
+def test_a_minibatch_with_nothing_to_learn_does_not_break_the_update(policy):
+    """Rows with zero advantage are never forwarded, so a minibatch made only of them reports no
+    ratio or loss terms; the update's metrics come from the steps that do (2 of 3 minibatches here,
+    wherever the shuffle puts the zero-advantage row)."""
+    model, _ = policy
+    prompts, responses, _ = _synthetic_rows(model.config.vocab_size, 3, seed=1)
+    with torch.no_grad():
+        logp, _ = sequence_logprobs(model, prompts, responses, 1.0)
+    old = [row[: len(r)].numpy() for row, r in zip(logp, responses)]
+    config = resolve(load_config(overrides=["optim.minibatches=3", "algo.loss=grpo", "algo.kl_coef=0", "engine=hf"]))
+    for seed in range(4):
+        copy_ = copy.deepcopy(model)
+        learner = Learner(copy_, torch.optim.AdamW(copy_.parameters(), lr=0.0), config, np.random.default_rng(seed))
+        with Progress(disable=True) as progress:
+            metrics = learner.optimize(prompts, responses, old, np.array([0.0, 1.0, -1.0]), progress)
+        assert metrics["update/optimizer_steps"] == 3.0
+        assert metrics["update/active_rows"] == pytest.approx(2 / 3)
+        assert metrics["update/ratio_max"] == pytest.approx(1.0, abs=1e-5) and "update/clip_frac" in metrics
+
+
 # ---- micro-batch invariance -----------------------------------------------------------------------------
 
 
