@@ -31,7 +31,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -143,7 +143,6 @@ class Job:
     method: str | None
     run_dir: Path
     warm_start: Job | None = None
-    process: subprocess.Popen | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -159,8 +158,9 @@ class Job:
 
     def overrides(self) -> list[str]:
         """The job's config overrides, without its run directory and start model (which move with ``--out``)."""
-        if self.method is None:
-            return [*COMMON, *self.env.overrides, f"trainer.seed={self.seed}", "trainer.iterations=0"]
+        if self.method is None:  # its cells evaluate it at their iteration 0: one greedy episode here is the least there is
+            return [*COMMON, *self.env.overrides, f"trainer.seed={self.seed}", "trainer.iterations=0",
+                    "trainer.eval_episodes=1", "trainer.eval_sampled=false"]
         return [*COMMON, *self.env.overrides, *METHODS[self.method], "sft.mode=none", f"trainer.seed={self.seed}"]
 
     def command(self) -> list[str]:
@@ -179,30 +179,27 @@ def config_of(job: Job):
     return load_config(overrides=job.overrides())
 
 
+MOVING_SETTINGS = ("trainer.run_dir", "policy.name_or_path")
+"""Settings that move with ``--out`` (the run directory and the warm start's path), never compared."""
+
+
 def settings_of(job: Job) -> dict[str, Any]:
-    """Every config value the job trains with (defaults included, so a changed default shows), flat."""
+    """Every config value the job trains with (defaults included, so a changed default shows), as
+    dotted keys, the way JSON gives them back."""
     from agent_rl.config import config_to_dict
+    from training.checkpoint import flatten_config
 
-    flat: dict[str, Any] = {}
-
-    def walk(prefix: str, value: Any) -> None:
-        if isinstance(value, dict) and value and prefix != "env.kwargs":  # kwargs compare as one value
-            for key, item in value.items():
-                walk(f"{prefix}.{key}" if prefix else key, item)
-        else:
-            flat[prefix] = value
-
-    walk("", config_to_dict(config_of(job)))
-    for moving in ("trainer.run_dir", "policy.name_or_path"):
-        flat.pop(moving, None)
-    return flat
+    flat = json.loads(json.dumps(flatten_config(config_to_dict(config_of(job)))))
+    return {key: value for key, value in flat.items() if key not in MOVING_SETTINGS}
 
 
 def check_settings(job: Job, *, record: bool = False) -> None:
     """Check the job's settings against those recorded in its run directory (if any); ``record``
     writes them there when none are."""
+    from training.checkpoint import config_differences
+
     path = job.run_dir / "settings.json"
-    wanted = json.loads(json.dumps(settings_of(job)))  # as JSON would give them back
+    wanted = settings_of(job)
     if not path.exists():
         if job.run_dir.exists() and any(job.run_dir.iterdir()):
             raise MixedSettingsError(f"{job.run_dir} holds a run with no settings.json; move it away or use another --out")
@@ -211,7 +208,7 @@ def check_settings(job: Job, *, record: bool = False) -> None:
             path.write_text(json.dumps(wanted, indent=1, sort_keys=True) + "\n")
         return
     recorded = json.loads(path.read_text())
-    changed = sorted(key for key in recorded.keys() | wanted.keys() if recorded.get(key) != wanted.get(key))
+    changed = config_differences(recorded, wanted, MOVING_SETTINGS)
     if changed:
         shown = "; ".join(f"{key}: {recorded.get(key)!r} there, {wanted.get(key)!r} now" for key in changed[:6])
         raise MixedSettingsError(
@@ -287,7 +284,7 @@ def run_grid(jobs: dict[str, list[Job]], *, workers: int, gate_points: float, pr
     pending = {name: [job for job in env_jobs if not job.done] for name, env_jobs in jobs.items()}
     progress.advance(overall, sum(units[id(job)] for env_jobs in jobs.values() for job in env_jobs if job.done))
     gates: dict[str, Gate] = {}
-    running: dict[int, tuple[Job, Any]] = {}
+    running: dict[int, tuple[Job, subprocess.Popen, Any]] = {}
     credited: dict[int, int] = {}  # iterations of a running job counted in the overall bar
 
     def pilot_of(name: str) -> Job:
@@ -318,12 +315,12 @@ def run_grid(jobs: dict[str, list[Job]], *, workers: int, gate_points: float, pr
                     break
                 check_settings(job, record=True)
                 with (job.run_dir / "train.log").open("a") as log:
-                    job.process = subprocess.Popen(job.command(), stdout=log, stderr=subprocess.STDOUT,
-                                                   env={**os.environ, "OMP_NUM_THREADS": "1"})
-                running[id(job)] = (job, progress.add_task(f"  {job.name}", total=units[id(job)]))
+                    process = subprocess.Popen(job.command(), stdout=log, stderr=subprocess.STDOUT,
+                                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+                running[id(job)] = (job, process, progress.add_task(f"  {job.name}", total=units[id(job)]))
         time.sleep(1.0)
-        for key, (job, task) in list(running.items()):
-            exit_code = job.process.poll()
+        for key, (job, process, task) in list(running.items()):
+            exit_code = process.poll()
             logged = units[key] if exit_code == 0 else min(len(read_metrics(job.run_dir)), units[key] - 1)
             progress.advance(overall, logged - credited.get(key, 0))
             progress.update(task, completed=logged)
@@ -331,8 +328,8 @@ def run_grid(jobs: dict[str, list[Job]], *, workers: int, gate_points: float, pr
             if exit_code is None:
                 continue
             if exit_code != 0:
-                for other, _ in running.values():
-                    other.process.terminate()
+                for _, other, _ in running.values():
+                    other.terminate()
                 raise CellFailed(f"{job.name} failed (exit code {exit_code}); its log: {job.run_dir / 'train.log'}")
             (job.run_dir / "DONE").touch()
             progress.remove_task(task)

@@ -385,12 +385,13 @@ def find_checkpoint(run_dir: str | Path, name: str = "last") -> Checkpoint:
     return Checkpoint(path=path, state=state)
 
 
-def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten_config(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config dict as one dict of dotted keys (a flat one comes back unchanged)."""
     flat = {}
     for key, value in data.items():
         name = f"{prefix}{key}"
         if isinstance(value, dict) and value:
-            flat.update(_flatten(value, f"{name}."))
+            flat.update(flatten_config(value, f"{name}."))
         else:
             flat[name] = value
     return flat
@@ -398,7 +399,7 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def config_differences(saved: dict[str, Any], current: dict[str, Any], ignore: tuple[str, ...] = ()) -> list[str]:
     """Dotted keys whose values differ between two config dicts (``ignore``: key prefixes)."""
-    a, b = _flatten(json.loads(json.dumps(saved))), _flatten(json.loads(json.dumps(current)))
+    a, b = flatten_config(json.loads(json.dumps(saved))), flatten_config(json.loads(json.dumps(current)))
     keys = sorted(set(a) | set(b))
     return [k for k in keys if a.get(k) != b.get(k) and not any(k == p or k.startswith(p + ".") for p in ignore)]
 
