@@ -290,6 +290,11 @@ class OptimizerConfig:
     """AdamW epsilon."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value before each step; 0 disables clipping."""
+    warmup_steps: int = 0
+    """Optimizer steps over which the RL learning rate rises linearly to ``lr`` (step k uses
+    ``lr * k / warmup_steps``); 0 starts at ``lr``. A fresh AdamW moves every parameter by about
+    ``lr`` in its first steps whatever the gradient's size, which noisy policy gradients turn into
+    a random perturbation of the warm start."""
     epochs: int = 1
     """Passes over each iteration's rollout batch."""
     minibatches: int = 1
@@ -706,6 +711,7 @@ def validate(config: Config) -> None:
              f"{optim.minibatch_size} rows leave no full minibatch: a batch holds at most {most_rows} rows "
              "(rollout.n_groups x rollout.group_size x rollout.max_turns)")
     _require(optim.micro_batch_size >= 1, "optim.micro_batch_size", "must be >= 1")
+    _require(optim.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0 (0 = no warmup)")
     sft = config.sft
     _require(sft.steps >= 0, "sft.steps", "must be >= 0")
     _require(sft.lr > 0, "sft.lr", "must be > 0")

@@ -174,6 +174,12 @@ def minibatch_count(rows: int, optim) -> int:
     return max(1, min(wanted, rows))
 
 
+def warmup_lr(step: int, lr: float, warmup_steps: int) -> float:
+    """The learning rate of optimizer step ``step`` (1-based): linear warmup to ``lr`` over
+    ``warmup_steps`` steps, then ``lr``."""
+    return lr * min(1.0, step / warmup_steps) if warmup_steps else lr
+
+
 def plan_micro_batches(prompts: list[np.ndarray], responses: list[np.ndarray], rows: np.ndarray,
                        size: int) -> list[np.ndarray]:
     """Split ``rows`` into micro-batches of at most ``size`` rows that forward the fewest tokens.
@@ -307,6 +313,12 @@ class Learner:
         self.reference: torch.nn.Module | None = None
         """The frozen policy the KL term measures against (needed when ``algo.kl_coef`` > 0)."""
 
+    @property
+    def steps_taken(self) -> int:
+        """Optimizer steps taken so far: AdamW's own count, which a checkpoint restores."""
+        counts = [int(state["step"]) for state in self.optimizer.state.values() if "step" in state]
+        return max(counts, default=0)
+
     def freeze_reference(self, weights_dir: Path | None = None) -> None:
         """Freeze a copy of the model (with the weights in ``weights_dir`` when given, e.g. the
         post-SFT checkpoint of a resumed run) as the reference of the KL term."""
@@ -367,6 +379,10 @@ class Learner:
                 all_reduce_gradients(params, self.dist)
                 clip = optim.grad_clip if optim.grad_clip > 0 else float("inf")
                 metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, clip))
+                if optim.warmup_steps:  # otherwise the optimizer keeps the rate it was built with
+                    for group in self.optimizer.param_groups:
+                        group["lr"] = warmup_lr(self.steps_taken + 1, optim.lr, optim.warmup_steps)
+                metrics["lr"] = self.optimizer.param_groups[0]["lr"]
                 self.optimizer.step()
                 step_metrics.append(metrics)
                 progress.update(task, advance=1)

@@ -70,6 +70,7 @@ def test_yaml_file_then_overrides(tmp_path):
         ("algo.gamma=1.5", "config key 'algo.gamma': must be in [0, 1]"),
         ("engine.kind=tpu", "config key 'engine.kind': 'tpu' is not one of"),
         ("sft.mode=expert", "config key 'sft.mode': 'expert' is not one of"),
+        ("optim.warmup_steps=-1", "config key 'optim.warmup_steps': must be >= 0 (0 = no warmup)"),
         ("sft.perturb=1", "config key 'sft.perturb': must be in [0, 1)"),
         ("sft.dagger_episodes=-1", "config key 'sft.dagger_episodes': must be >= 0"),
         ("sft.dagger_fraction=0", "config key 'sft.dagger_fraction': must be in (0, 1)"),

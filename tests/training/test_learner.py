@@ -23,6 +23,7 @@ from training.learner import (
     recompute_logprobs,
     response_logits,
     sequence_logprobs,
+    warmup_lr,
 )
 
 
@@ -175,6 +176,40 @@ def test_a_minibatch_with_nothing_to_learn_does_not_break_the_update(policy):
         assert metrics["update/optimizer_steps"] == 3.0
         assert metrics["update/active_rows"] == pytest.approx(2 / 3)
         assert metrics["update/ratio_max"] == pytest.approx(1.0, abs=1e-5) and "update/clip_frac" in metrics
+
+
+def test_warmup_raises_the_learning_rate_linearly_then_holds_it():
+    assert [warmup_lr(step, 1e-3, 4) for step in (1, 2, 4, 5, 100)] == pytest.approx([2.5e-4, 5e-4, 1e-3, 1e-3, 1e-3])
+    assert warmup_lr(1, 1e-3, 0) == 1e-3
+
+
+def test_the_warmup_counts_optimizer_steps_across_updates_and_a_restored_optimizer(policy):
+    """Each optimizer step uses the warmed-up rate of its own index, counted by AdamW's state, so an
+    update that resumes (a restored optimizer) goes on where the last one stopped."""
+    model, _ = policy
+    prompts, responses, _ = _synthetic_rows(model.config.vocab_size, 4, seed=2)
+    with torch.no_grad():
+        logp, _ = sequence_logprobs(model, prompts, responses, 1.0)
+    old = [row[: len(r)].numpy() for row, r in zip(logp, responses)]
+    config = resolve(load_config(overrides=["optim.minibatches=2", "optim.lr=1e-3", "optim.warmup_steps=5",
+                                            "algo.loss=grpo", "algo.kl_coef=0", "engine=hf"]))
+    trained = copy.deepcopy(model)
+    optimizer = torch.optim.AdamW(trained.parameters(), lr=config.optim.lr)
+    rates = []
+    step = optimizer.step
+    optimizer.step = lambda: (rates.append(optimizer.param_groups[0]["lr"]), step())[1]
+    learner = Learner(trained, optimizer, config, np.random.default_rng(0))
+    advantages = np.array([1.0, -1.0, 0.5, -0.5])
+    with Progress(disable=True) as progress:
+        logged = [learner.optimize(prompts, responses, old, advantages, progress)["update/lr"] for _ in range(2)]
+    assert rates == pytest.approx([2e-4, 4e-4, 6e-4, 8e-4]) and learner.steps_taken == 4
+    assert logged == pytest.approx([3e-4, 7e-4])  # the mean over each update's steps
+    restored = torch.optim.AdamW(trained.parameters(), lr=config.optim.lr)
+    restored.load_state_dict(optimizer.state_dict())
+    resumed = Learner(trained, restored, config, np.random.default_rng(0))
+    with Progress(disable=True) as progress:
+        resumed.optimize(prompts, responses, old, advantages, progress)
+    assert resumed.steps_taken == 6 and restored.param_groups[0]["lr"] == pytest.approx(1e-3)
 
 
 # ---- micro-batch invariance -----------------------------------------------------------------------------
