@@ -41,11 +41,10 @@ ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
     "gspo": {"advantage": "grpo", "loss": "gspo", "step_credit": False, "step_normalize": "mean_std"},
     "rloo": {"advantage": "rloo", "loss": "rloo", "step_credit": False, "step_normalize": "mean"},
     "cispo": {"advantage": "grpo", "loss": "cispo", "step_credit": False, "step_normalize": "mean_std"},
-    # GiGPO credit with std-normalized advantages at both levels (GRPO's episode level; measured
-    # ahead of the mean-centred Dr.GRPO form on the main job and in the credit testbed, see
-    # docs/benchmarks.md) and GSPO-token's sequence-level ratio. The invalid-action penalty belongs in
-    # algo.invalid_penalty, outside the normalized returns.
-    "gigpo": {"advantage": "grpo", "loss": "gspo_token", "step_credit": True, "step_normalize": "mean_std"},
+    # GiGPO credit with Dr.GRPO's mean-centred advantages at both levels (no std: a group whose
+    # returns barely differ keeps small advantages) and GSPO-token's sequence-level ratio. The
+    # invalid-action penalty belongs in algo.invalid_penalty, outside the group statistics.
+    "gigpo": {"advantage": "drgrpo", "loss": "gspo_token", "step_credit": True, "step_normalize": "mean"},
 }
 """Algorithm presets. Each sets the episode-level advantage, the loss preset, whether GiGPO
 step-level credit is added and how step returns are normalized. ``algo.advantage``, ``algo.loss``,
@@ -252,16 +251,21 @@ class AlgorithmConfig:
     """Add GiGPO step-level advantages (anchor groups); None = the preset's choice (True for gigpo only)."""
     episode_stats: Literal["trajectory", "step"] = "trajectory"
     """Episode statistics count each trajectory once (paper Eq. 3) or every row (verl-agent)."""
-    gamma: float = 0.95
-    """Discount of the step-level return-to-go used by GiGPO step advantages."""
+    gamma: float = 1.0
+    """Discount of the step-level return-to-go used by GiGPO step advantages. 1 (undiscounted) compares
+    the actions of an anchor state by the outcomes they led to; below 1, shorter winning walks also
+    score higher, which in a group that always wins rewards whichever walk was shortest in that
+    instance, something a policy that sees one room cannot know (the GiGPO paper uses 0.95)."""
     step_weight: float = 1.0
     """Weight omega of the step-level advantage: A = A_episode + omega * A_step."""
     step_normalize: Literal["mean_std", "mean"] | None = None
     """Step-level normalization within an anchor group: (R-mean)/(std+eps) or R-mean; None = preset."""
-    invalid_penalty: float = 0.0
+    invalid_penalty: float = 0.5
     """Subtracted from the advantage of each step whose action was invalid, on that step alone (not
     discounted into earlier steps, outside every group statistic); 0 disables it. Unlike the
-    environments' ``invalid_action_penalty`` reward, it never changes a trajectory's return."""
+    environments' ``invalid_action_penalty`` reward, it never changes a trajectory's return, and it
+    reaches an invalid command that every member of a group repeats, which group-relative credit
+    gives 0."""
     eps: float = 1e-6
     """Added to the std in every normalization."""
     loss_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -280,8 +284,11 @@ class AlgorithmConfig:
 class OptimizerConfig:
     """AdamW and the PPO-style update schedule."""
 
-    lr: float = 3e-4
-    """AdamW learning rate of the RL phase."""
+    lr: float = 1e-4
+    """AdamW learning rate of the RL phase. AdamW moves every parameter by about ``lr`` per step
+    whatever the gradient's size, so a noisy policy gradient at a large rate perturbs the warm start
+    at random (the learner the main job had, at 3e-4, cost its clone 3-20 points of greedy success
+    within 4 iterations on 5 seeds; docs/benchmarks.md)."""
     betas: tuple[float, float] = (0.9, 0.99)
     """AdamW betas."""
     weight_decay: float = 0.0
@@ -297,11 +304,10 @@ class OptimizerConfig:
     a random perturbation of the warm start."""
     epochs: int = 1
     """Passes over each iteration's rollout batch."""
-    minibatches: int = 1
+    minibatches: int = 4
     """Optimizer steps per epoch: the iteration's rows are shuffled and split into this many
     minibatches; with more than one, the ratios leave 1 after the first step and the clip terms
-    act. 1 (one on-policy step per batch) is the default because at the main job's lr 4 minibatches
-    lost held-out success in the paired comparison (docs/benchmarks.md)."""
+    act."""
     minibatch_size: int = 0
     """Rows per optimizer step instead of a fixed count (the rows split into ``rows // size``
     minibatches); 0 uses ``minibatches``."""
@@ -330,6 +336,11 @@ class SFTConfig:
     perturb: float = 0.1
     """oracle mode: probability that a demonstration turn plays a random action instead (not cloned;
     the oracle plans again from there), so the clone learns to recover from detours and errors."""
+    epsilon: float = 0.0
+    """oracle mode: probability that a demonstration turn plays a uniformly random admissible action
+    and clones it (the oracle plans again from there). The clone then plays like an epsilon-greedy
+    expert: valid but often poor actions, a warm start that RL has room to improve. 0 clones the
+    expert alone."""
     dagger_episodes: int = 0
     """oracle mode: once the first ``1 - dagger_fraction`` of the steps are done, the clone plays this
     many episodes greedily and each of its turns is labelled with the oracle's action from the state
@@ -718,6 +729,7 @@ def validate(config: Config) -> None:
     _require(sft.batch_size >= 1, "sft.batch_size", "must be >= 1")
     _require(sft.episodes >= 1, "sft.episodes", "must be >= 1")
     _require(0.0 <= sft.perturb < 1.0, "sft.perturb", "must be in [0, 1)")
+    _require(0.0 <= sft.epsilon <= 1.0, "sft.epsilon", "must be in [0, 1]")
     _require(sft.dagger_episodes >= 0, "sft.dagger_episodes", "must be >= 0")
     _require(0.0 < sft.dagger_fraction < 1.0, "sft.dagger_fraction", "must be in (0, 1)")
     trainer = config.trainer

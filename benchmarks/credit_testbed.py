@@ -201,6 +201,15 @@ class Arm:
     reference: str | None = None
     """A second arm compared seed by seed: the GiGPO arm that a GiGPO variant changes one setting of."""
 
+    def algorithm(self) -> AlgorithmConfig:
+        """The resolved ``AlgorithmConfig``: ``SHARED_ALGO`` under this arm's fields."""
+        return resolve_algorithm(AlgorithmConfig(**{**SHARED_ALGO, **self.algo}))
+
+
+SHARED_ALGO = {"gamma": 0.95, "invalid_penalty": 0.0}
+"""``AlgorithmConfig`` fields every arm shares, whatever the embedded defaults are: step returns
+discounted by 0.95, and no invalid-action penalty (the tabular policy only plays admissible actions)."""
+
 
 GIGPO = {"preset": "gigpo", "advantage": "drgrpo", "step_normalize": "mean"}
 """The testbed's GiGPO: Dr.GRPO's mean-centred advantages at both levels, omega 1 (the variants
@@ -221,7 +230,7 @@ ARMS: dict[str, Arm] = {
     "grpo-g8": Arm({"preset": "grpo"}, group_size=8, baseline="grpo-g8"),
     "gigpo-g8": Arm(GIGPO, group_size=8, baseline="grpo-g8"),
 }
-"""Every arm uses ``AlgorithmConfig``'s defaults otherwise (gamma 0.95, trajectory statistics)."""
+"""Every arm uses ``SHARED_ALGO`` and ``AlgorithmConfig``'s defaults otherwise (trajectory statistics)."""
 
 MAX_GROUP_SIZE = max(arm.group_size for arm in ARMS.values())
 
@@ -636,7 +645,7 @@ def train_arm(arm: Arm, view: str, tables: Tables, settings: Settings, noise: li
     """Train every seed's policy with one arm for ``settings.updates`` updates; exact success at
     each of the ``evaluations`` (update counts; the first, 0, is the uniform policy's
     ``initial_success``, the same for every arm)."""
-    algo = resolve_algorithm(AlgorithmConfig(**arm.algo))
+    algo = arm.algorithm()
     logits = initial_logits(tables)
     result = ArmResult(np.zeros((settings.seeds, len(evaluations))))
     result.success[:, 0] = initial_success
@@ -796,7 +805,7 @@ def run(settings: Settings, out: Path, progress=None) -> dict[str, Any]:
     start, cpu_start = time.perf_counter(), sum(os.times()[:4])  # this process and its finished workers
     arms = with_baselines(settings.arms)
     for name in arms:  # bad arm settings fail here, before any work
-        resolve_algorithm(AlgorithmConfig(**ARMS[name].algo))
+        ARMS[name].algorithm()
     summary: dict[str, Any] = {
         "settings": {**vars(settings), "arms": list(arms), "envs": list(settings.envs), "views": list(VIEWS),
                      "advantage_target_mean_abs": 1.0},

@@ -7,7 +7,9 @@ evaluated greedily on the same held-out mazes, so the arms differ only in their 
 random numbers). No early stop: every run trains
 ``--iterations`` iterations and is evaluated every ``--eval-every`` on ``--eval-episodes`` mazes.
 
-    python -m benchmarks.main_job_defaults --warm-start before     # the committed comparison
+    python -m benchmarks.main_job_defaults --arms previous,mission --iterations 12 --eval-every 4 --threads 1 \
+        --engine hf --out benchmarks/results/learner_defaults    # the embedded learner before and after
+    python -m benchmarks.main_job_defaults --warm-start before     # the first learner comparison
     python -m benchmarks.main_job_defaults --arms previous,new --seeds 0 1 --iterations 10
     python -m benchmarks.main_job_defaults --arms env-penalty,credit-penalty --iterations 6 --eval-every 3 \
         --warm-start before --out benchmarks/results/invalid_penalty        # the two forms of the invalid-action penalty
@@ -38,27 +40,42 @@ COMMON = (
     "trainer.target_success=null", "trainer.eval_sampled=false", "logging.tensorboard=false",
     "logging.console=false", "trainer.save_every=1000",
 )
-PREVIOUS = ("algo=gigpo", "algo.advantage=grpo", "algo.step_normalize=mean_std", "algo.loss=grpo", "optim.minibatches=1")
-"""The learner of the main job before the comparison: GRPO's std-normalized advantages at both
-levels, GRPO's token-level loss, one optimizer step per batch (the embedded defaults after it:
-at one step per batch GSPO-token's gradient is GRPO's)."""
-NEW = ("algo=gigpo", "algo.advantage=drgrpo", "algo.step_normalize=mean", "algo.loss=gspo_token", "optim.minibatches=4")
+PREVIOUS = ("algo=gigpo", "algo.advantage=grpo", "algo.step_normalize=mean_std", "algo.loss=grpo", "optim.minibatches=1",
+            "optim.lr=3e-4", "algo.gamma=0.95", "algo.invalid_penalty=0")
+"""The main job's learner before both comparisons: GRPO's std-normalized advantages at both levels,
+GRPO's token-level loss, one optimizer step per batch at lr 3e-4, step returns discounted by 0.95,
+no invalid-action penalty. At one step per batch GSPO-token's gradient is GRPO's, so this is also
+the embedded learner that ``mission`` replaced."""
+NEW = ("algo=gigpo", "algo.advantage=drgrpo", "algo.step_normalize=mean", "algo.loss=gspo_token", "optim.minibatches=4",
+       "optim.lr=3e-4", "algo.gamma=0.95", "algo.invalid_penalty=0")
 """The mission's stack: Dr.GRPO advantages (mean-centred, no std) at both levels and GSPO-token,
 4 minibatches per batch."""
+EMBEDDED_BEFORE = ("algo=gigpo", "algo.advantage=grpo", "algo.step_normalize=mean_std", "algo.loss=gspo_token",
+                   "optim.minibatches=1", "optim.lr=3e-4", "algo.gamma=0.95", "algo.invalid_penalty=0")
+"""The embedded learner when the penalty and episode-statistics arms ran (``previous`` with
+GSPO-token, whose gradient at one step per batch is GRPO's)."""
+MISSION = (*NEW[:4], "optim.minibatches=4", "optim.lr=1e-4", "algo.gamma=1.0", "algo.invalid_penalty=0.5")
+"""The mission's stack with the changes that keep a strong clone: lr 1e-4 (AdamW moves every
+parameter by about lr per step, whatever the gradient's size), undiscounted step returns (with a
+discount, all-win groups reward whatever walk was shortest in that maze, which a policy that sees
+one room cannot know), and a 0.5 penalty on each invalid action in credit (an all-fail group's
+repeated invalid command gets no other signal)."""
 ARMS: dict[str, tuple[str, ...]] = {
     "previous": PREVIOUS,
     "previous-mb4": (*PREVIOUS, "optim.minibatches=4"),  # the schedule alone
     "new": NEW,
     "new-lr1e-4": (*NEW, "optim.lr=1e-4"),
-    # The two forms of the invalid-action penalty on the embedded defaults: an environment reward
-    # (discounted into earlier steps' returns, normalized with them) or the algorithm's step credit.
-    "env-penalty": ("env.kwargs.invalid_action_penalty=0.1",),
-    "credit-penalty": ("algo.invalid_penalty=0.1",),
+    "mission": MISSION,
+    # The two forms of the invalid-action penalty: an environment reward (discounted into earlier
+    # steps' returns, normalized with them) or the algorithm's step credit.
+    "env-penalty": (*EMBEDDED_BEFORE, "env.kwargs.invalid_action_penalty=0.1"),
+    "credit-penalty": (*EMBEDDED_BEFORE, "algo.invalid_penalty=0.1"),
     # Episode statistics over rows (verl-agent) instead of trajectories: a group's advantages then sum
     # to 0 over its rows, however much longer its failing trajectories are.
-    "step-stats": ("algo.episode_stats=step",),
+    "step-stats": (*EMBEDDED_BEFORE, "algo.episode_stats=step"),
 }
-"""Each arm is a set of config overrides on top of the embedded defaults (the main job)."""
+"""Each arm is a set of config overrides on top of the embedded defaults (the main job); each names
+every learner setting it depends on, so it reproduces whatever the defaults are."""
 WARM_START_BEFORE = ("env.kwargs.oracle=shortest", "sft.steps=300", "sft.episodes=400", "sft.lr_schedule=constant",
                      "sft.batch_size=16", "sft.perturb=0")
 """The main job's warm start when the learner arms were compared (``--warm-start before``): 300

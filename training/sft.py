@@ -25,7 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from agent_rl.config import Config, RolloutConfig
 from training.envpool import EnvFactory, EnvPool, env_pool
-from training.learner import response_logits
+from training.learner import response_logits, warmup_lr
 from training.prompts import PromptFormat
 from training.engines import Engine
 from training.rollout import Episode, Move, PlayStats, PolicyActor, draw_seeds, play_episodes, sampling_params
@@ -55,12 +55,14 @@ class DemonstrationActor:
     step of the current plan, which is often invalid where it is played. That turn is not cloned;
     the oracle plans again from where it led, so the clone also sees histories with detours and
     errors, and how to recover from them (noise injection, as in DART). Without it, a clone that
-    once errs finds itself in a prompt no demonstration showed and tends to repeat the error."""
+    once errs finds itself in a prompt no demonstration showed and tends to repeat the error.
+    ``epsilon`` (oracle mode) is the probability that a turn plays a random admissible action and
+    clones it: the demonstrations of an epsilon-greedy expert."""
 
     def __init__(self, pool: EnvPool, tokenizer, prompt_format: PromptFormat, *, mode: str, rng: np.random.Generator,
-                 perturb: float = 0.0):
+                 perturb: float = 0.0, epsilon: float = 0.0):
         self.pool, self.tokenizer, self.format = pool, tokenizer, prompt_format
-        self.mode, self.rng, self.perturb = mode, rng, perturb
+        self.mode, self.rng, self.perturb, self.epsilon = mode, rng, perturb, epsilon
         self.plans: dict[int, list[str]] = {}
         """The rest of each slot's oracle plan."""
 
@@ -84,6 +86,9 @@ class DemonstrationActor:
             candidates = [*(admissible or []), *plan]
             del self.plans[episode.slot]  # the oracle plans again from where this leads
             return Move(candidates[int(self.rng.integers(len(candidates)))], learn=False)
+        if self.epsilon and admissible and self.rng.random() < self.epsilon:
+            del self.plans[episode.slot]
+            return self._cloned(episode, admissible[int(self.rng.integers(len(admissible)))])
         return self._cloned(episode, plan.pop(0))
 
     def _cloned(self, episode: Episode, action: str) -> Move:
@@ -138,6 +143,7 @@ def collect_demonstrations(
     seeds: Sequence[int],
     rng: np.random.Generator,
     perturb: float = 0.0,
+    epsilon: float = 0.0,
 ) -> Demonstrations:
     """Play one episode per seed with random admissible or oracle actions (see
     :class:`DemonstrationActor`) in the prompt format of ``config``, and record one (prompt,
@@ -147,13 +153,16 @@ def collect_demonstrations(
         raise ValueError(f"SFT mode must be 'random' or 'oracle', got {mode!r}")
     if not 0.0 <= perturb < 1.0:
         raise ValueError(f"perturb must be in [0, 1), got {perturb}")
+    if not 0.0 <= epsilon <= 1.0:
+        raise ValueError(f"epsilon must be in [0, 1], got {epsilon}")
     with env_pool(envs, 1) as pool:
         if mode == "oracle" and not pool.has_oracle:
             raise ValueError(
                 f"sft.mode=oracle needs an environment with an oracle() method and {pool.env_id} has none; use "
                 "sft.mode=random (clones random admissible actions) or sft.mode=none"
             )
-        actor = DemonstrationActor(pool, tokenizer, PromptFormat.from_rollout(config), mode=mode, rng=rng, perturb=perturb)
+        actor = DemonstrationActor(pool, tokenizer, PromptFormat.from_rollout(config), mode=mode, rng=rng, perturb=perturb,
+                                   epsilon=epsilon)
         episodes = [episode for seed in seeds for episode in play_episodes(pool, actor, [seed], [0], config, PlayStats())]
     return demonstrations_of(episodes)
 
@@ -200,7 +209,7 @@ def scheduled_lr(step: int, steps: int, lr: float, schedule: str) -> float:
         return lr
     warmup = max(1, round(0.05 * steps))
     if step < warmup:
-        return lr * (step + 1) / warmup
+        return warmup_lr(step + 1, lr, warmup)
     return lr * 0.5 * (1.0 + math.cos(math.pi * (step - warmup) / (steps - warmup)))
 
 
@@ -273,7 +282,7 @@ def warm_start(model: torch.nn.Module, tokenizer, make_env: EnvFactory, config: 
     used: set[int] = set()
     demos = collect_demonstrations(
         make_env, tokenizer, config.rollout, mode=sft.mode, seeds=draw_seeds(rng, sft.episodes, used), rng=rng,
-        perturb=sft.perturb,
+        perturb=sft.perturb, epsilon=sft.epsilon,
     )
     dagger = None
     if sft.mode == "oracle" and sft.dagger_episodes > 0:

@@ -211,7 +211,7 @@ def test_pipeline_is_episode_plus_weighted_step():
     episode_returns = np.array([1.0, 1.0, 0.0, 0.0])
     batch = step_batch([0, 0, 0, 0], [0, 0, 1, 1], [0.0, 1.0, 0.0, 0.0], ["s0", "s1", "s0", "s1"])
     step_returns = discounted_returns(batch.reward, batch.traj_id, 0.9)
-    for preset, mode, normalize in (("gigpo", "grpo", "mean_std"), ("grpo", "grpo", "mean_std")):
+    for preset, mode, normalize in (("gigpo", "drgrpo", "mean"), ("grpo", "grpo", "mean_std")):
         algo = resolved_algo([f"algo={preset}", "algo.step_credit=true", "algo.step_weight=0.5", "algo.gamma=0.9"])
         episode = episode_advantages(episode_returns, batch.group_id, batch.traj_id, mode=mode)
         step = step_advantages(step_returns, batch.group_id, batch.anchor_key, normalize=normalize)
@@ -250,13 +250,13 @@ def test_step_only_credit_needs_step_credit():
 def test_invalid_penalty_is_charged_to_the_invalid_step_alone():
     # Both trajectories win (return 1). Trajectory 1 made an invalid action at its first turn.
     batch = step_batch([0] * 5, [0, 0, 1, 1, 1], [0, 1, 0, 0, 1], ["s0", "s1", "s0", "s0", "s1"], valid=[1, 1, 0, 1, 1])
-    overrides = [*GIGPO_MEAN, "algo.gamma=0.5"]
+    overrides = [*GIGPO_MEAN, "algo.gamma=0.5", "algo.invalid_penalty=0"]
     plain = compute_advantages(batch, resolved_algo(overrides))
     penalized = compute_advantages(batch, resolved_algo([*overrides, "algo.invalid_penalty=0.1"]))
     np.testing.assert_allclose(penalized.advantages - plain.advantages, [0, 0, -0.1, 0, 0], atol=1e-12)
     np.testing.assert_array_equal(penalized.episode, plain.episode)  # returns and group statistics untouched
     # Under std normalization an all-win group stays at the penalty's size: it enters no statistic.
-    std = ["algo=grpo", "algo.step_credit=true", "algo.gamma=0.5"]
+    std = ["algo=grpo", "algo.step_credit=true", "algo.gamma=0.5", "algo.invalid_penalty=0"]
     no_penalty = compute_advantages(batch, resolved_algo(std))
     with_penalty = compute_advantages(batch, resolved_algo([*std, "algo.invalid_penalty=0.01"]))
     np.testing.assert_allclose(with_penalty.advantages - no_penalty.advantages, [0, 0, -0.01, 0, 0], atol=1e-12)

@@ -72,6 +72,7 @@ def test_yaml_file_then_overrides(tmp_path):
         ("sft.mode=expert", "config key 'sft.mode': 'expert' is not one of"),
         ("optim.warmup_steps=-1", "config key 'optim.warmup_steps': must be >= 0 (0 = no warmup)"),
         ("sft.perturb=1", "config key 'sft.perturb': must be in [0, 1)"),
+        ("sft.epsilon=1.5", "config key 'sft.epsilon': must be in [0, 1]"),
         ("sft.dagger_episodes=-1", "config key 'sft.dagger_episodes': must be >= 0"),
         ("sft.dagger_fraction=0", "config key 'sft.dagger_fraction': must be in (0, 1)"),
         ("sft.dagger_fraction=1", "config key 'sft.dagger_fraction': must be in (0, 1)"),
@@ -145,7 +146,7 @@ def test_resolve_makes_every_open_choice_once(monkeypatch):
     assert config.algo.advantage is None and config.env.anchor_key is None and config.sft.mode == "auto"
     assert once.sft.mode == "oracle"  # the Maze gives oracle plans
     assert config_to_dict(resolve(once)) == config_to_dict(once)
-    assert (once.algo.advantage, once.algo.loss, once.algo.step_normalize) == ("grpo", "gspo_token", "mean_std")
+    assert (once.algo.advantage, once.algo.loss, once.algo.step_normalize) == ("drgrpo", "gspo_token", "mean")
 
 
 def test_resolved_config_round_trips_through_yaml(tmp_path):

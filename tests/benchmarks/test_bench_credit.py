@@ -109,8 +109,16 @@ def test_settings_are_recorded_then_checked(tmp_path):
     bench.check_settings(job)  # the same settings: accepted
     other = bench.Job(bench.Environment("maze", "", (*job.env.overrides, "optim.lr=5e-5"), job.env.methods),
                       job.seed, job.method, job.run_dir)
-    with pytest.raises(bench.MixedSettingsError, match=r"1 differ: optim.lr: 0.0003 there, 5e-05 now"):
+    with pytest.raises(bench.MixedSettingsError, match=rf"1 differ: optim.lr: {recorded['optim.lr']} there, 5e-05 now"):
         bench.check_settings(other)
+    # A run recorded before a config key existed trained with its default: accepted at the default only.
+    del recorded["sft.epsilon"]
+    (job.run_dir / "settings.json").write_text(json.dumps(recorded))
+    bench.check_settings(job)
+    epsilon = bench.Job(bench.Environment("maze", "", (*job.env.overrides, "sft.epsilon=0.5"), job.env.methods),
+                        job.seed, job.method, job.run_dir)
+    with pytest.raises(bench.MixedSettingsError, match="1 differ: sft.epsilon: None there, 0.5 now"):
+        bench.check_settings(epsilon)
     stray = tmp_path / "stray"
     (stray / "metrics.jsonl").parent.mkdir()
     (stray / "metrics.jsonl").write_text("{}\n")
@@ -170,7 +178,8 @@ def test_quick_grid_gate_report_resume_and_settings_check(tmp_path, capsys):
     assert cli_main(["bench", "credit", "--quick", "--gate", "-100", "--out", str(out)]) == 0
     assert [p.stat().st_mtime_ns for p in sorted(out.glob("runs/maze/*/seed*/metrics.jsonl"))] == stamps
     settings = out / "runs/maze/gigpo-state/seed1/settings.json"
-    settings.write_text(settings.read_text().replace('"optim.lr": 0.0003', '"optim.lr": 0.001'))
+    lr = json.loads(settings.read_text())["optim.lr"]
+    settings.write_text(settings.read_text().replace(f'"optim.lr": {lr}', '"optim.lr": 0.5'))
     capsys.readouterr()
     assert bench.main(["--quick", "--out", str(out)]) == 2
-    assert "optim.lr: 0.001 there, 0.0003 now" in capsys.readouterr().err
+    assert f"optim.lr: 0.5 there, {lr} now" in capsys.readouterr().err

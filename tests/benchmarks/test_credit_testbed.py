@@ -180,6 +180,23 @@ def test_unit_mean_abs_by_hand():
     np.testing.assert_allclose(scaled, [1.2, -1.2, 0.6, 0.0, 0.0, 0.5, -1.5])
 
 
+def test_arms_share_the_discount_and_penalty_their_results_used(monkeypatch):
+    """Every arm resolves to gamma 0.95 and no invalid-action penalty, whatever AlgorithmConfig's
+    defaults are; an arm's own fields still win."""
+    import dataclasses
+
+    import agent_rl.config
+
+    odd = dataclasses.make_dataclass("OddDefaults", [("gamma", float, dataclasses.field(default=0.5)),
+                                                     ("invalid_penalty", float, dataclasses.field(default=0.9))],
+                                     bases=(agent_rl.config.AlgorithmConfig,))
+    monkeypatch.setattr(tb, "AlgorithmConfig", odd)
+    for name, arm in tb.ARMS.items():
+        algo = arm.algorithm()
+        assert (algo.gamma, algo.invalid_penalty) == (0.95, 0.0), name
+    assert tb.Arm({**tb.GIGPO, "gamma": 0.7}).algorithm().gamma == 0.7
+
+
 def test_task_seeds_are_training_seeds():
     assert tb.task_seed(3, 2, 8) == 26
     with pytest.raises(ValueError, match="evaluation seed"):

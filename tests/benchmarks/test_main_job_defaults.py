@@ -108,3 +108,21 @@ def test_the_shared_warm_start_is_the_main_jobs_or_the_one_before(tmp_path, monk
     assert bench.warm_start(2, args) == tmp_path / "warm_start" / "seed2" / "sft"
     (config,) = calls
     assert (config.sft.steps, config.env.kwargs["oracle"], config.trainer.iterations, config.trainer.seed) == (sft_steps, oracle, 0, 2)
+
+
+@pytest.mark.parametrize("arm", ["previous", "new", "mission", "env-penalty", "credit-penalty", "step-stats"])
+def test_learner_arms_name_every_learner_setting_they_depend_on(arm):
+    """A learner arm resolves to the same learner whatever the embedded defaults are: its result
+    reproduces after a default changes."""
+    from agent_rl.config import load_config, resolve_algorithm
+    from benchmarks.main_job_defaults import ARMS
+
+    def learner(config):
+        algo = resolve_algorithm(config.algo)
+        return (algo.advantage, algo.step_normalize, algo.loss, algo.gamma, algo.invalid_penalty, config.optim.lr,
+                config.optim.minibatches)
+
+    odd_algo = {"preset": "rloo", "gamma": 0.5, "invalid_penalty": 0.9}
+    odd_optim = {"lr": 0.123, "minibatches": 3}
+    odd = load_config(overrides=list(ARMS[arm]), base={"algo": odd_algo, "optim": odd_optim})
+    assert learner(odd) == learner(load_config(overrides=list(ARMS[arm])))

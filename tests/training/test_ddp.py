@@ -60,15 +60,18 @@ def test_two_learners_train_like_one_and_resume(tmp_path):
     after 2 iterations the weights agree; a 2-process run also resumes from its checkpoint."""
     from test_trainer import tiny_overrides
 
+    from training.logger import read_metrics
+
+    # Both evaluate after every iteration: an evaluation draws engine calls, which seed later sampling.
     single, double = tmp_path / "single", tmp_path / "double"
-    assert _train_cli(tiny_overrides(single, "algo=gigpo"), nproc=1).returncode == 0
-    first = _train_cli(tiny_overrides(double, "algo=gigpo", "trainer.iterations=1"), nproc=2)
+    assert _train_cli(tiny_overrides(single, "algo=gigpo", "trainer.eval_every=1"), nproc=1).returncode == 0
+    first = _train_cli(tiny_overrides(double, "algo=gigpo", "trainer.eval_every=1", "trainer.iterations=1"), nproc=2)
     assert first.returncode == 0, first.stderr[-3000:]
     resumed = _train_cli(["--resume", str(double), "trainer.iterations=2"], nproc=2)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert all(record["update/active_rows"] > 0 for record in read_metrics(single)[1:])  # both iterations learned
     expected, got = _weights(single), _weights(double)
     for name, tensor in expected.items():
-        torch.testing.assert_close(got[name], tensor, rtol=1e-4, atol=1e-6, msg=name)
-    from training.logger import read_metrics
-
+        # Summation order differs between ranks; AdamW steps are lr = 1e-4 in size, far above this.
+        torch.testing.assert_close(got[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
     assert [record["iteration"] for record in read_metrics(double)] == [0, 1, 2]

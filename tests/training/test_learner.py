@@ -102,8 +102,8 @@ def test_sequence_logprobs_reject_bad_input(policy):
 
 
 def test_minibatch_count():
-    optim = load_config().optim
-    assert optim.minibatches == 1 and optim.minibatch_size == 0
+    optim = load_config(overrides=["optim.minibatches=1"]).optim
+    assert optim.minibatch_size == 0
     assert minibatch_count(10, optim) == 1
     optim.minibatches = 4
     assert minibatch_count(10, optim) == 4

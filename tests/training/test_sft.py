@@ -38,10 +38,10 @@ def _pairs(demos: Demonstrations, tokenizer):
     return pairs
 
 
-def _counter_demonstrations(tokenizer, perturb: float, episodes: int = 20):
+def _counter_demonstrations(tokenizer, perturb: float, episodes: int = 20, epsilon: float = 0.0):
     config = RolloutConfig(max_turns=40, history_turns=40, max_prompt_tokens=2048)
     demos = collect_demonstrations(COUNTER, tokenizer, config, mode="oracle", seeds=range(episodes),
-                                   rng=np.random.default_rng(0), perturb=perturb)
+                                   rng=np.random.default_rng(0), perturb=perturb, epsilon=epsilon)
     return demos, _pairs(demos, tokenizer)
 
 
@@ -66,6 +66,19 @@ def test_perturbed_demonstrations_clone_the_oracle_from_where_a_random_action_le
         _counter_demonstrations(tokenizer, perturb=1.0, episodes=1)
 
 
+def test_epsilon_demonstrations_clone_random_admissible_actions_too(tokenizer):
+    demos, pairs = _counter_demonstrations(tokenizer, perturb=0.0, epsilon=0.3)
+    wrong = [action != ("inc" if value < target else "dec") for target, value, _, action in pairs]
+    # Every turn is cloned (the history holds exactly the cloned actions) ...
+    assert all(history == [a for t, v, h, a in pairs[i - len(history) : i]] for i, (_, _, history, _) in enumerate(pairs))
+    # ... about 30% are uniform draws of {inc, dec}, so about 15% go the wrong way, and the oracle
+    # plans again from there: the episodes are still won.
+    assert 0.08 < np.mean(wrong) < 0.25
+    assert demos.successes == demos.episodes
+    with pytest.raises(ValueError, match="epsilon must be in"):
+        _counter_demonstrations(tokenizer, perturb=0.0, epsilon=1.5, episodes=1)
+
+
 def test_random_demonstrations_clone_admissible_actions_in_the_rollout_format(tokenizer):
     config = RolloutConfig(max_turns=3, history_turns=1, parser="action_tag", system_prompt="")
     demos = collect_demonstrations(COUNTER, tokenizer, config, mode="random", seeds=[0, 1, 2], rng=np.random.default_rng(4))
@@ -76,7 +89,8 @@ def test_random_demonstrations_clone_admissible_actions_in_the_rollout_format(to
     assert "<|system|>" not in first and "Admissible actions: inc | dec" in first
 
 
-def _reference_demonstrations(make_env, tokenizer, config: RolloutConfig, mode: str, seeds, rng, perturb: float):
+def _reference_demonstrations(make_env, tokenizer, config: RolloutConfig, mode: str, seeds, rng, perturb: float,
+                              epsilon: float):
     """The warm start's demonstrations written as one plain loop over a single environment."""
     fmt = PromptFormat.from_rollout(config)
     env = make_env()
@@ -99,8 +113,10 @@ def _reference_demonstrations(make_env, tokenizer, config: RolloutConfig, mode: 
                         break
                     plan = oracle_actions(env)
                     continue
-                action = plan.pop(0)
+                explore = epsilon and rng.random() < epsilon
+                action = admissible[int(rng.integers(len(admissible)))] if explore else plan.pop(0)
             else:
+                explore = False
                 action = admissible[int(rng.integers(len(admissible)))]
             prompts.append(fmt.prompt_ids(tokenizer, info["task"], history, observation, admissible))
             responses.append(tokenizer(fmt.response_text(action), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])
@@ -108,19 +124,23 @@ def _reference_demonstrations(make_env, tokenizer, config: RolloutConfig, mode: 
             observation, _, terminated, truncated, info = env.step(action)
             if terminated or truncated:
                 break
+            if explore:
+                plan = oracle_actions(env)
     return prompts, responses
 
 
-@pytest.mark.parametrize("mode, perturb", [("oracle", 0.0), ("oracle", 0.3), ("random", 0.0)])
-def test_demonstrations_follow_the_seeds_and_random_draws_in_episode_order(tokenizer, mode, perturb):
+@pytest.mark.parametrize("mode, perturb, epsilon", [("oracle", 0.0, 0.0), ("oracle", 0.3, 0.0), ("oracle", 0.2, 0.5),
+                                                     ("random", 0.0, 0.0)])
+def test_demonstrations_follow_the_seeds_and_random_draws_in_episode_order(tokenizer, mode, perturb, epsilon):
     """The episode loop plays demonstrations exactly as a plain per-episode loop does: same pairs,
     same order, the same random draws (Maze: locked doors, keys, dead ends)."""
     make_env = RegisteredEnv("agent_rl/Maze-v0", {"n_rooms": 4, "n_locked_doors": 1, "dead_ends": 1, "max_steps": 12})
     config = RolloutConfig(max_turns=10, history_turns=1)
     seeds = [3, 17, 29, 41]
     demos = collect_demonstrations(make_env, tokenizer, config, mode=mode, seeds=seeds, rng=np.random.default_rng(9),
-                                   perturb=perturb)
-    prompts, responses = _reference_demonstrations(make_env, tokenizer, config, mode, seeds, np.random.default_rng(9), perturb)
+                                   perturb=perturb, epsilon=epsilon)
+    prompts, responses = _reference_demonstrations(make_env, tokenizer, config, mode, seeds, np.random.default_rng(9), perturb,
+                                                   epsilon)
     assert len(demos) > len(seeds)
     assert demos.prompts == prompts and demos.responses == responses
 

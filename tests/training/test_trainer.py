@@ -157,7 +157,7 @@ def test_a_run_written_before_configs_were_resolved_still_resumes(tmp_path):
     run_dir = tmp_path / "old"
     overrides = tiny_overrides(run_dir, "trainer.iterations=1")
     train(load_config(overrides=overrides))
-    assert load_config(run_dir / "config.yaml").algo.advantage == "grpo"  # written resolved
+    assert load_config(run_dir / "config.yaml").algo.advantage == "drgrpo"  # written resolved
     old = config_to_dict(load_config(overrides=[*overrides, "engine=auto"]))  # what a default run recorded
     assert old["engine"]["kind"] == "auto" and old["env"]["anchor_key"] is None and old["algo"]["loss"] is None
     _as_written_before_resolution(run_dir, old)
@@ -168,7 +168,7 @@ def test_a_run_written_before_configs_were_resolved_still_resumes(tmp_path):
     assert load_config(run_dir / "config.yaml").env.anchor_key == "state"  # rewritten resolved
     # A real difference is still refused, named by its resolved key.
     _as_written_before_resolution(run_dir, {**old, "algo": {**old["algo"], "preset": "grpo"}})
-    with pytest.raises(checkpoint.CheckpointError, match="different config: algo.loss, .*algo.step_credit"):
+    with pytest.raises(checkpoint.CheckpointError, match="different config: algo.advantage, algo.loss, .*algo.step_credit"):
         Trainer.from_config(load_config(run_dir / "config.yaml", ["algo=gigpo", "engine=hf", "trainer.iterations=3"]),
                             resume=True)
 
@@ -321,6 +321,9 @@ def test_learning_is_real_on_a_tiny_maze(tmp_path, small_policy_dir):
         "rollout.max_new_tokens=8", "sft.mode=random", "sft.steps=300", "sft.episodes=32", "sft.batch_size=16", "sft.lr=3e-3",
         "sft.lr_schedule=constant",
         "optim.lr=1e-3", "algo=gigpo", "algo.kl_coef=0", "logging.console=false", "logging.tensorboard=false",
+        # The learner it was calibrated with: std-normalized GiGPO, one step per batch, gamma 0.95, no penalty.
+        "algo.advantage=grpo", "algo.step_normalize=mean_std", "optim.minibatches=1", "algo.gamma=0.95",
+        "algo.invalid_penalty=0",
     ]
     config = load_config(overrides=overrides)
     train(config)
