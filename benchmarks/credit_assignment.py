@@ -12,11 +12,12 @@ trained and the report says so.
     python -m benchmarks.credit_assignment            # the full grid
     python -m benchmarks.credit_assignment --quick    # a tiny grid in a few minutes (the test suite runs it)
     agent-rl bench credit [--quick] [--envs maze] [--methods grpo,gigpo-state] [--seeds 5] [--workers 2]
-                          [--gate 15] [--out DIR]
+                          [--gate 15] [--out DIR] [--report]
 
 Cells run as ``agent-rl train`` processes, ``--workers`` at a time with one torch thread each.
 Finished cells are skipped on a rerun and a cell killed midway resumes from its last checkpoint. A
 results directory whose cells were trained with other settings is refused, never reused.
+``--report`` writes the report on the cells finished so far (a grid in progress) and trains nothing.
 
 Outputs under ``--out`` (default ``benchmarks/results/credit_assignment``): per cell ``runs/<env>/<method>/seed<k>/``
 (``metrics.jsonl``, ``config.yaml``, ``settings.json``; checkpoints are not committed), ``summary.json``,
@@ -81,7 +82,7 @@ COMMON = (
 #   are valid commands but often poor ones, so the baseline has room to learn. A clone stopped early
 #   (280 of 800 expert steps, 39.8% sampled) failed the gate instead: most of its replies were
 #   malformed, and GRPO spread probability over more of them. With 55% random turns the pilot gained
-#   14.9 points, with 70% 26.9 (benchmarks/results/credit_pilots/, all three).
+#   14.8 points, with 70% 27.0 (benchmarks/results/credit_pilots/, all three).
 # - MiniCode: level 1, whose feedback never repeats verbatim; 150 constant-rate cloning steps.
 FULL_GRID = (
     Environment(
@@ -286,6 +287,19 @@ def plan(grid: tuple[Environment, ...], seeds: int, out: Path) -> dict[str, list
     return jobs
 
 
+def pilot_of(env_jobs: list[Job]) -> Job:
+    """An environment's pilot: the baseline cell of its first seed (right after that seed's warm start)."""
+    return env_jobs[1]
+
+
+def finished_gates(jobs: dict[str, list[Job]], gate_points: float) -> dict[str, Gate]:
+    """The gates of the environments whose pilot has finished."""
+    from training.logger import read_metrics
+
+    return {name: pilot_gate(name, read_metrics(pilot_of(env_jobs).run_dir), gate_points)
+            for name, env_jobs in jobs.items() if pilot_of(env_jobs).done}
+
+
 def run_grid(jobs: dict[str, list[Job]], *, workers: int, gate_points: float, progress) -> dict[str, Gate]:
     """Train every job not done yet, ``workers`` at a time; after each environment's pilot, its gate
     decides whether the rest of that environment runs. Returns the gates."""
@@ -302,19 +316,16 @@ def run_grid(jobs: dict[str, list[Job]], *, workers: int, gate_points: float, pr
     running: dict[int, tuple[Job, subprocess.Popen, Any]] = {}
     credited: dict[int, int] = {}  # iterations of a running job counted in the overall bar
 
-    def pilot_of(name: str) -> Job:
-        return jobs[name][1]
-
     def ready(job: Job) -> bool:
-        pilot = pilot_of(job.env.name)
+        pilot = pilot_of(jobs[job.env.name])
         gated = job is not pilot and job is not pilot.warm_start
         return (job.warm_start is None or job.warm_start.done) and (not gated or job.env.name in gates)
 
     def settle(name: str) -> None:
         """Judge a finished pilot; a failed gate drops the environment's remaining jobs."""
         nonlocal planned
-        if name not in gates and pilot_of(name).done:
-            gates[name] = pilot_gate(name, read_metrics(pilot_of(name).run_dir), gate_points)
+        if name not in gates and pilot_of(jobs[name]).done:
+            gates[name] = finished_gates({name: jobs[name]}, gate_points)[name]
             if not gates[name].passed:
                 planned -= sum(units[id(job)] for job in pending[name])
                 progress.update(overall, total=planned)
@@ -533,6 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="cells trained at once, one torch thread each (default 2)")
     parser.add_argument("--gate", type=float, default=GATE_POINTS, help=f"points the pilot must gain (default {GATE_POINTS:g})")
     parser.add_argument("--out", type=Path, help="output directory")
+    parser.add_argument("--report", action="store_true", help="write the report on the cells finished so far; train nothing")
     args = parser.parse_args(argv)
     grid, seeds = (QUICK_GRID, QUICK_SEEDS) if args.quick else (FULL_GRID, FULL_SEEDS)
     try:
@@ -556,8 +568,13 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
     try:
-        with Progress(*columns) as progress:
-            gates = run_grid(jobs, workers=args.workers, gate_points=args.gate, progress=progress)
+        if args.report:
+            for job in (job for env_jobs in jobs.values() for job in env_jobs):
+                check_settings(job)
+            gates = finished_gates(jobs, args.gate)
+        else:
+            with Progress(*columns) as progress:
+                gates = run_grid(jobs, workers=args.workers, gate_points=args.gate, progress=progress)
     except (MixedSettingsError, CellFailed) as exc:
         print(f"credit_assignment: error: {exc}", file=sys.stderr)
         return 2

@@ -177,6 +177,14 @@ def test_quick_grid_gate_report_resume_and_settings_check(tmp_path, capsys):
     stamps = [p.stat().st_mtime_ns for p in sorted(out.glob("runs/maze/*/seed*/metrics.jsonl"))]
     assert cli_main(["bench", "credit", "--quick", "--gate", "-100", "--out", str(out)]) == 0
     assert [p.stat().st_mtime_ns for p in sorted(out.glob("runs/maze/*/seed*/metrics.jsonl"))] == stamps
+    # --report on a grid in progress: the finished cells only, nothing trained.
+    (out / "runs/maze/gigpo-state/seed1/DONE").unlink()
+    assert bench.main(["--quick", "--report", "--gate", "-100", "--out", str(out)]) == 0
+    partial = json.loads((out / "summary.json").read_text())["results"]["maze"]
+    assert partial["gate"]["passed"] and list(partial["methods"]["gigpo-state"]["seeds"]) == ["0"]
+    assert "paired" not in partial["methods"]["gigpo-state"]  # one paired seed is no statistic
+    assert [p.stat().st_mtime_ns for p in sorted(out.glob("runs/maze/*/seed*/metrics.jsonl"))] == stamps
+    assert not (out / "runs/maze/gigpo-state/seed1/DONE").exists()
     settings = out / "runs/maze/gigpo-state/seed1/settings.json"
     lr = json.loads(settings.read_text())["optim.lr"]
     settings.write_text(settings.read_text().replace(f'"optim.lr": {lr}', '"optim.lr": 0.5'))
