@@ -34,7 +34,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -262,13 +262,18 @@ class Gate:
                 f"sampled success, {self.gain:+.1f} points; {self.points:g} needed)")
 
 
+def gate_ends(sampled: Sequence[float]) -> tuple[float, float]:
+    """What the gate compares on a sampled-success curve: its start (iteration 0) and the mean of its
+    last two evaluations."""
+    return float(sampled[0]), float(np.mean(sampled[-2:]))
+
+
 def pilot_gate(env: str, records: list[dict], points: float) -> Gate:
     """The gate on a finished pilot's metrics: last two evaluations' mean against iteration 0."""
     evals = evaluations(records)
     if len(evals) < 3 or evals[0]["iteration"] != 0:
         raise ValueError(f"{env}: the pilot needs its iteration-0 evaluation and two more, got {len(evals)} evaluations")
-    return Gate(env, evals[0]["eval/sampled_success"],
-                float(np.mean([r["eval/sampled_success"] for r in evals[-2:]])), points)
+    return Gate(env, *gate_ends([r["eval/sampled_success"] for r in evals]), points)
 
 
 # ---- running ------------------------------------------------------------------------------------------
@@ -388,7 +393,9 @@ def cell_summary(records: list[dict]) -> dict[str, Any]:
         return float(np.mean(values)) if values else None
 
     phases = {p: mean_of(f"time/{p}") or 0.0 for p in ("rollout", "advantage", "update", "sync")}
+    start, end = gate_ends(sampled)
     return {
+        "gain_points": 100.0 * (end - start),
         "iterations": iterations.tolist(),
         "sampled_success": sampled.tolist(),
         "greedy_success": greedy.tolist(),
@@ -409,9 +416,12 @@ PAIRED_METRICS = ("sampled_auc", "greedy_auc", "final_sampled_success", "final_i
 """Per-seed metrics compared by paired differences; the first, the AUC of sampled success, is primary."""
 
 
-def summarize(jobs: dict[str, list[Job]], gates: dict[str, Gate]) -> dict[str, Any]:
+def summarize(jobs: dict[str, list[Job]], gates: dict[str, Gate], gate_points: float = GATE_POINTS) -> dict[str, Any]:
     """Per environment: the gate, per-method cell summaries and means, and every method's paired
-    differences against the baseline over the seeds where both finished."""
+    differences against the baseline over the seeds where both finished. The pilot's gate is one
+    seed's; the baseline's gain by the gate's rule on every seed says where it learned, and where it
+    did not on some, the AUC differences on the seeds where it did are reported too (a sensitivity
+    check, chosen after the fact)."""
     from training.logger import read_metrics
 
     summary: dict[str, Any] = {}
@@ -435,11 +445,17 @@ def summarize(jobs: dict[str, list[Job]], gates: dict[str, Gate]) -> dict[str, A
                                    "greedy_mean": np.array([s["greedy_success"] for s in seeds.values()]).mean(0).tolist()}
             baseline = cells[env.methods[0]]
             paired = sorted(set(seeds) & set(baseline))
+
+            def compare(key: str, on: list[int]) -> dict[str, Any]:
+                difference = paired_difference(np.array([seeds[s][key] for s in on]), np.array([baseline[s][key] for s in on]))
+                return {**difference.as_dict(), "per_seed": [seeds[s][key] - baseline[s][key] for s in on]}
+
             if method != env.methods[0] and len(paired) >= 2:
-                result["paired"] = {"seeds": paired}
-                for key in PAIRED_METRICS:
-                    difference = paired_difference(np.array([seeds[s][key] for s in paired]), np.array([baseline[s][key] for s in paired]))
-                    result["paired"][key] = {**difference.as_dict(), "per_seed": [seeds[s][key] - baseline[s][key] for s in paired]}
+                result["paired"] = {"seeds": paired, **{key: compare(key, paired) for key in PAIRED_METRICS}}
+                where_learned = [s for s in paired if baseline[s]["gain_points"] >= gate_points]
+                if len(where_learned) >= 2 and where_learned != paired:
+                    result["paired_where_baseline_learned"] = {"seeds": where_learned,
+                                                               "sampled_auc": compare("sampled_auc", where_learned)}
             methods[method] = result
         gate = gates.get(name)
         summary[name] = {
@@ -447,6 +463,8 @@ def summarize(jobs: dict[str, list[Job]], gates: dict[str, Gate]) -> dict[str, A
             "baseline": env.methods[0],
             "gate": None if gate is None else {**vars(gate), "gain": gate.gain, "passed": gate.passed, "text": gate.describe()},
             "warm_start_shared": all(len(s) == 1 for s in starts.values()),
+            "baseline_gain_points": {seed: cell["gain_points"] for seed, cell in sorted(cells[env.methods[0]].items())},
+            "gate_points": gate_points,
             "methods": methods,
         }
     return summary
@@ -463,6 +481,12 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
         lines.append(f"- {env['gate']['text']}." if env["gate"] else "- The pilot has not finished.")
         if not env["warm_start_shared"]:
             lines.append("- **Warning:** the cells of some seed started from different iteration-0 evaluations, so they did not share one warm start.")
+        gains = env["baseline_gain_points"]
+        if gains:
+            learned = sum(g >= env["gate_points"] for g in gains.values())
+            lines.append(f"- The baseline's gain by the gate's rule, per seed: "
+                         f"{', '.join(f'seed {seed} {g:+.1f}' for seed, g in gains.items())} points; "
+                         f"{env['gate_points']:g} or more on {learned} of {len(gains)} seeds.")
         lines += ["", "| method | seeds | sampled AUC | vs baseline (95% CI) | Wilcoxon p | wins/losses | per-seed difference | "
                   "greedy AUC vs baseline | final sampled | final invalid rate | steps in anchor groups >= 2 | credit's share of time |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -482,6 +506,16 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
             lines.append(f"| {method} | {len(r['seeds'])} | {_points(r['sampled_auc'])} | {versus} | "
                          f"{_points(r['final_sampled_success'])} | {_points(r['final_invalid_rate'])} | {grouped} | "
                          f"{100 * r['credit_share_of_iteration']['mean']:.2f}% |")
+        sensitivity = {m: r["paired_where_baseline_learned"] for m, r in env["methods"].items() if "paired_where_baseline_learned" in r}
+        if sensitivity:
+            lines += ["", f"Sampled AUC vs baseline on the seeds where the baseline gained {env['gate_points']:g} points or more "
+                      "(a sensitivity check, chosen after the fact):", "",
+                      "| method | seeds | vs baseline (95% CI) | Wilcoxon p | per-seed difference |", "|---|---|---|---|---|"]
+            for method, view in sensitivity.items():
+                auc = view["sampled_auc"]
+                lines.append(f"| {method} | {', '.join(map(str, view['seeds']))} | "
+                             f"{100 * auc['mean']:+.1f} [{100 * auc['ci_low']:+.1f}, {100 * auc['ci_high']:+.1f}] | "
+                             f"{auc['wilcoxon_p']:.2g} | {', '.join(f'{100 * d:+.1f}' for d in auc['per_seed'])} |")
         lines.append("")
     lines.append("Success in percent; differences in points, method minus baseline on the same seed. AUC: the mean "
                  "height of the sampled-success curve over the evaluated iterations.")
@@ -578,7 +612,7 @@ def main(argv: list[str] | None = None) -> int:
     except (MixedSettingsError, CellFailed) as exc:
         print(f"credit_assignment: error: {exc}", file=sys.stderr)
         return 2
-    summary = summarize(jobs, gates)
+    summary = summarize(jobs, gates, args.gate)
     payload = {
         "machine": machine_info(), "quick": args.quick, "seeds": seeds, "gate_points": args.gate, "workers": args.workers,
         "wall_s_of_this_invocation": time.perf_counter() - start,

@@ -90,6 +90,31 @@ def test_summary_pairs_each_method_with_the_baseline_on_shared_seeds(tmp_path):
     assert "The pilot has not finished" in table
 
 
+def test_summary_checks_where_the_baseline_learned_and_repeats_the_comparison_there(tmp_path):
+    jobs = _grid(tmp_path)
+    # The baseline gains +20, 0 and +20 points (the last two evaluations' mean minus iteration 0).
+    base = {0: [0.1, 0.3, 0.3], 1: [0.1, 0.1, 0.1], 2: [0.2, 0.4, 0.4]}
+    step = {0: [0.1, 0.4, 0.4], 1: [0.1, 0.5, 0.5], 2: [0.2, 0.4, 0.6]}
+    for job in jobs["maze"]:
+        if job.method is not None:
+            _write(job.run_dir, _records([0, 5, 10], (base if job.method == "grpo" else step)[job.seed]))
+    summary = bench.summarize(jobs, {}, gate_points=15.0)["maze"]
+    assert summary["baseline_gain_points"] == pytest.approx({0: 20.0, 1: 0.0, 2: 20.0})
+    # AUC = (v0 + 2 v1 + v2) / 4: grpo 0.25, 0.1, 0.35; gigpo-state 0.325, 0.4, 0.4.
+    step_summary = summary["methods"]["gigpo-state"]
+    assert step_summary["paired"]["sampled_auc"]["per_seed"] == pytest.approx([0.075, 0.3, 0.05])
+    learned = step_summary["paired_where_baseline_learned"]
+    assert learned["seeds"] == [0, 2]
+    assert learned["sampled_auc"]["per_seed"] == pytest.approx([0.075, 0.05])
+    assert learned["sampled_auc"]["mean"] == pytest.approx(0.0625)
+    bench.write_markdown({"maze": summary}, tmp_path / "summary.md")
+    text = (tmp_path / "summary.md").read_text()
+    assert "seed 0 +20.0, seed 1 +0.0, seed 2 +20.0 points; 15 or more on 2 of 3 seeds" in text
+    assert "| gigpo-state | 0, 2 | +6." in text and "| 0.5 | +7.5, +5.0 |" in text
+    # Where the baseline learned on every seed, there is nothing to repeat.
+    assert "paired_where_baseline_learned" not in bench.summarize(jobs, {}, gate_points=0.0)["maze"]["methods"]["gigpo-state"]
+
+
 def test_summary_flags_cells_of_a_seed_that_did_not_share_a_warm_start(tmp_path):
     jobs = _grid(tmp_path)
     for job in jobs["maze"]:
