@@ -7,7 +7,7 @@ numbers), so the per-seed difference between a method and the baseline is what i
 **Pilot gate.** Before any comparison on an environment, its pilot (the baseline cell of the first
 seed) must gain at least ``--gate`` points of sampled success over its warm start: the mean of its last
 two evaluations minus its iteration-0 evaluation. If it does not, no other cell of that environment is
-trained and the report says so.
+trained and the report says so. The report also applies the gate's rule to the baseline on every seed.
 
     python -m benchmarks.credit_assignment            # the full grid
     python -m benchmarks.credit_assignment --quick    # a tiny grid in a few minutes (the test suite runs it)
