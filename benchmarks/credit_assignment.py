@@ -433,6 +433,7 @@ def summarize(jobs: dict[str, list[Job]], gates: dict[str, Gate], gate_points: f
         for method_cells in cells.values():
             for seed, cell in method_cells.items():
                 starts.setdefault(seed, set()).add((cell["sampled_success"][0], cell["greedy_success"][0]))
+        learned_seeds = sorted(s for s, cell in cells[env.methods[0]].items() if cell["gain_points"] >= gate_points)
         methods = {}
         for method, seeds in cells.items():
             result: dict[str, Any] = {"seeds": seeds}
@@ -452,7 +453,7 @@ def summarize(jobs: dict[str, list[Job]], gates: dict[str, Gate], gate_points: f
 
             if method != env.methods[0] and len(paired) >= 2:
                 result["paired"] = {"seeds": paired, **{key: compare(key, paired) for key in PAIRED_METRICS}}
-                where_learned = [s for s in paired if baseline[s]["gain_points"] >= gate_points]
+                where_learned = [s for s in paired if s in learned_seeds]
                 if len(where_learned) >= 2 and where_learned != paired:
                     result["paired_where_baseline_learned"] = {"seeds": where_learned,
                                                                "sampled_auc": compare("sampled_auc", where_learned)}
@@ -464,6 +465,7 @@ def summarize(jobs: dict[str, list[Job]], gates: dict[str, Gate], gate_points: f
             "gate": None if gate is None else {**vars(gate), "gain": gate.gain, "passed": gate.passed, "text": gate.describe()},
             "warm_start_shared": all(len(s) == 1 for s in starts.values()),
             "baseline_gain_points": {seed: cell["gain_points"] for seed, cell in sorted(cells[env.methods[0]].items())},
+            "baseline_learned_seeds": learned_seeds,
             "gate_points": gate_points,
             "methods": methods,
         }
@@ -483,7 +485,7 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
             lines.append("- **Warning:** the cells of some seed started from different iteration-0 evaluations, so they did not share one warm start.")
         gains = env["baseline_gain_points"]
         if gains:
-            learned = sum(g >= env["gate_points"] for g in gains.values())
+            learned = len(env["baseline_learned_seeds"])
             lines.append(f"- The baseline's gain by the gate's rule, per seed: "
                          f"{', '.join(f'seed {seed} {g:+.1f}' for seed, g in gains.items())} points; "
                          f"{env['gate_points']:g} or more on {learned} of {len(gains)} seeds.")
