@@ -323,7 +323,7 @@ class SFTConfig:
     """oracle (clone the environment's oracle plans), random (clone uniformly random admissible actions:
     format, not task), none, or auto: oracle when the environment gives oracle plans, else random when
     its reset info lists ``admissible_actions``, else none. The resolved config records the choice."""
-    steps: int = 800
+    steps: int = 1200
     """Optimizer steps of supervised training."""
     lr: float = 1e-3
     """AdamW learning rate of the warm start (the peak, under a schedule)."""

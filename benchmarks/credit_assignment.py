@@ -91,7 +91,7 @@ FULL_GRID = (
         ("env.id=agent_rl/Maze-v0",
          "env.kwargs={n_rooms: 4, n_locked_doors: 1, dead_ends: 1, extra_edges: 0, n_distractors: 0, max_steps: 20, oracle: explore}",
          "rollout.n_groups=8", "rollout.group_size=4", "rollout.max_turns=20", "rollout.history_turns=1",
-         "rollout.max_new_tokens=12", "sft.mode=oracle", "sft.epsilon=0.7", "sft.episodes=2000", "sft.perturb=0",
+         "rollout.max_new_tokens=12", "sft.mode=oracle", "sft.steps=800", "sft.epsilon=0.7", "sft.episodes=2000", "sft.perturb=0",
          "sft.dagger_episodes=0",
          "optim.lr=2e-4", "optim.minibatches=4", "trainer.iterations=30", "trainer.eval_every=10",
          "trainer.eval_episodes=128"),
@@ -297,6 +297,12 @@ def pilot_of(env_jobs: list[Job]) -> Job:
     return env_jobs[1]
 
 
+def launch_order(env_jobs: list[Job]) -> list[Job]:
+    """The order in which ready jobs start: every warm start before any cell (seed by seed within
+    each), so once the gate has passed no worker sits idle waiting for a seed's warm start."""
+    return sorted(env_jobs, key=lambda job: job.warm_start is not None)
+
+
 def finished_gates(jobs: dict[str, list[Job]], gate_points: float) -> dict[str, Gate]:
     """The gates of the environments whose pilot has finished."""
     from training.logger import read_metrics
@@ -341,7 +347,7 @@ def run_grid(jobs: dict[str, list[Job]], *, workers: int, gate_points: float, pr
     while any(pending.values()) or running:
         for name in pending:
             while len(running) < workers:
-                job = next((job for job in pending[name] if ready(job) and id(job) not in running), None)
+                job = next((job for job in launch_order(pending[name]) if ready(job) and id(job) not in running), None)
                 if job is None:
                     break
                 check_settings(job, record=True)

@@ -62,6 +62,14 @@ def _grid(tmp_path, methods=("grpo", "gigpo-state")):
     return bench.plan((env,), 3, tmp_path)
 
 
+def test_warm_starts_launch_before_any_cell_and_the_pilot_runs_first(tmp_path):
+    jobs = _grid(tmp_path)["maze"]
+    order = [(job.seed, job.method) for job in bench.launch_order(jobs)]
+    assert order == [(0, None), (1, None), (2, None), (0, "grpo"), (0, "gigpo-state"),
+                     (1, "grpo"), (1, "gigpo-state"), (2, "grpo"), (2, "gigpo-state")]
+    assert bench.pilot_of(jobs) is bench.launch_order(jobs)[3]
+
+
 def test_summary_pairs_each_method_with_the_baseline_on_shared_seeds(tmp_path):
     jobs = _grid(tmp_path)
     base_auc = {0: [0.2, 0.3, 0.4], 1: [0.1, 0.1, 0.1], 2: [0.5, 0.5, 0.6]}

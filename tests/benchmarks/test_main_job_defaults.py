@@ -90,7 +90,7 @@ def test_warm_start_arms_train_their_own_warm_start(tmp_path, monkeypatch):
     assert summary["b"]["auc_greedy_success"]["mean"] == pytest.approx(0.625)
 
 
-@pytest.mark.parametrize("choice, sft_steps, oracle", [("default", 800, "explore"), ("before", 300, "shortest")])
+@pytest.mark.parametrize("choice, sft_steps, oracle", [("default", 1200, "explore"), ("before", 300, "shortest")])
 def test_the_shared_warm_start_is_the_main_jobs_or_the_one_before(tmp_path, monkeypatch, choice, sft_steps, oracle):
     import benchmarks.main_job_defaults as bench
     import training.checkpoint
