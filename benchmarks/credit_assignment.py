@@ -321,7 +321,7 @@ def run_grid(jobs: dict[str, list[Job]], *, workers: int, gate_points: float, pr
     units = {id(job): job.iterations + 1 for env_jobs in jobs.values() for job in env_jobs}  # iteration 0 counts
     planned = sum(units.values())
     overall = progress.add_task("grid (iterations of all runs)", total=planned)
-    pending = {name: [job for job in env_jobs if not job.done] for name, env_jobs in jobs.items()}
+    pending = {name: launch_order([job for job in env_jobs if not job.done]) for name, env_jobs in jobs.items()}
     progress.advance(overall, sum(units[id(job)] for env_jobs in jobs.values() for job in env_jobs if job.done))
     gates: dict[str, Gate] = {}
     running: dict[int, tuple[Job, subprocess.Popen, Any]] = {}
@@ -347,7 +347,7 @@ def run_grid(jobs: dict[str, list[Job]], *, workers: int, gate_points: float, pr
     while any(pending.values()) or running:
         for name in pending:
             while len(running) < workers:
-                job = next((job for job in launch_order(pending[name]) if ready(job) and id(job) not in running), None)
+                job = next((job for job in pending[name] if ready(job) and id(job) not in running), None)
                 if job is None:
                     break
                 check_settings(job, record=True)
