@@ -13,6 +13,8 @@ from hashlib import blake2b
 from math import factorial
 from typing import Any, Callable
 
+import numpy as np
+
 from envs.base import TextEnv, Transition
 from envs.minicode_lang import REFERENCE, MiniCodeError, compile_program, run
 
@@ -98,6 +100,32 @@ TEMPLATES: tuple[TaskTemplate, ...] = (
 )
 TEMPLATES_BY_NAME = {template.name: template for template in TEMPLATES}
 
+ORACLES = ("solution", "drafts")
+ARITHMETIC_WORDS = ("add", "sub", "mul", "div")
+
+
+def flawed_draft(solution: str, input_names: tuple[str, ...], rng: np.random.Generator) -> str:
+    """``solution`` with one random slip, as a programmer's draft makes them: a numeric literal off by
+    1 to 5, an arithmetic word swapped for another, an input name mistyped, or a word left out. The
+    slips give every kind of feedback: wrong values, type and stack errors, compile errors."""
+    words = solution.split()
+    slip = ("constant", "operator", "name", "omission")[int(rng.integers(4))]
+    literals = [i for i, word in enumerate(words) if word.lstrip("-").isdigit()]
+    operators = [i for i, word in enumerate(words) if word in ARITHMETIC_WORDS]
+    names = [i for i, word in enumerate(words) if word in input_names]
+    if slip == "constant" and literals:
+        i = literals[int(rng.integers(len(literals)))]
+        words[i] = str(int(words[i]) + int(rng.choice([-1, 1])) * int(rng.integers(1, 6)))
+    elif slip == "operator" and operators:
+        i = operators[int(rng.integers(len(operators)))]
+        words[i] = str(rng.choice([word for word in ARITHMETIC_WORDS if word != words[i]]))
+    elif slip == "name" and names:
+        i = names[int(rng.integers(len(names)))]
+        words[i] = str(rng.choice([name for name in ("x", "y", "a", "b", "n") if name != words[i]]))
+    else:
+        del words[int(rng.integers(len(words)))]
+    return " ".join(words)
+
 
 def _show_inputs(names: tuple[str, ...], values: tuple[int, ...]) -> str:
     return ", ".join(f"{name}={value}" for name, value in zip(names, values))
@@ -132,6 +160,17 @@ class MiniCodeEnv(TextEnv):
         level: 1 straight-line arithmetic, 2 conditionals, 3 loops (default 2). Tasks are drawn from
             the templates of exactly this level.
         templates: names of templates to draw from instead (overrides ``level``); see ``TEMPLATES``.
+        reference: whether the task text ends with the language reference (default True). A policy
+            that learns the language from demonstrations, as a small model cloned from scratch does,
+            needs none, and its prompts are then about a quarter as long.
+        oracle: what ``oracle()`` plans. ``"solution"`` (default): the template's solution, which wins
+            in one step. ``"drafts"``: a programmer who, before each submission, has written a flawed
+            draft (one random slip, see ``flawed_draft``) with probability ``draft_rate`` and submits
+            it; the plan runs until the solution or until the attempts run out, so it may lose. It
+            is drawn from a generator seeded by the task and the submissions so far, so the same state
+            always gives the same plan. Cloning it gives a warm start that knows the solution but
+            submits drafts, a policy whose success reinforcement learning can raise.
+        draft_rate: the probability of a draft per submission for ``oracle="drafts"`` (default 0.5).
         n_tests: hidden tests per task (default 5); the program must pass all of them.
         max_steps and the reward knobs: see ``TextEnv`` (default 10 submissions).
 
@@ -139,7 +178,8 @@ class MiniCodeEnv(TextEnv):
     ``type error``/``runtime error`` at the failing instruction inside the test that hit it; the
     first failed test with its input, expected and actual values. ``info["error"]`` is that text
     (None on success), ``action_valid`` is False when the program does not compile.
-    Anchor: hash of the task and the last submitted program. Oracle: the template's solution.
+    Anchor: hash of the task and the last submitted program. Oracle: the template's solution, or
+    drafts before it (``oracle="drafts"``).
     """
 
     def __init__(
@@ -148,10 +188,18 @@ class MiniCodeEnv(TextEnv):
         level: int = 2,
         templates: tuple[str, ...] | list[str] | None = None,
         n_tests: int = 5,
+        reference: bool = True,
+        oracle: str = "solution",
+        draft_rate: float = 0.5,
         max_steps: int = 10,
         **reward_and_render: Any,
     ) -> None:
         super().__init__(max_steps=max_steps, **reward_and_render)
+        if oracle not in ORACLES:
+            raise ValueError(f"oracle must be one of {ORACLES}, got {oracle!r}")
+        if not 0.0 <= draft_rate < 1.0:
+            raise ValueError(f"draft_rate must be in [0, 1), got {draft_rate}")
+        self.reference, self.oracle_kind, self.draft_rate = bool(reference), oracle, float(draft_rate)
         if templates is not None:
             unknown = [name for name in templates if name not in TEMPLATES_BY_NAME]
             if unknown or not templates:
@@ -188,7 +236,8 @@ class MiniCodeEnv(TextEnv):
         self.task = (
             f"Write a MiniCode program. Inputs: {', '.join(template.inputs)}. {statement}\n"
             f"Example: {_show_inputs(template.inputs, example_inputs)} -> {example_output}.\n"
-            f"Submit the whole program on one line; it runs on {self.n_tests} hidden tests.\n\n{REFERENCE}"
+            f"Submit the whole program on one line; it runs on {self.n_tests} hidden tests."
+            + (f"\n\n{REFERENCE}" if self.reference else "")
         )
         self._task_key = blake2b(f"{self.task}\n{self._tests}".encode(), digest_size=16).hexdigest()
         self._passed = False
@@ -233,7 +282,13 @@ class MiniCodeEnv(TextEnv):
         return f"{self._template.name};{sorted(self._constants.items())};{self._tests}"
 
     def oracle(self) -> list[str]:
-        return [self._solution]
+        if self.oracle_kind == "solution":
+            return [self._solution]
+        rng = np.random.default_rng(int(blake2b(f"{self._task_key}\n{self._steps}".encode(), digest_size=8).hexdigest(), 16))
+        plan: list[str] = []
+        while len(plan) < self.max_steps - self._steps and rng.random() < self.draft_rate:
+            plan.append(flawed_draft(self._solution, self._template.inputs, rng))
+        return plan if len(plan) == self.max_steps - self._steps else [*plan, self._solution]
 
     def is_won(self) -> bool:
         return self._passed

@@ -79,8 +79,12 @@ def test_summary_pairs_each_method_with_the_baseline_on_shared_seeds(tmp_path):
             _write(job.run_dir, _records([0, 5, 10], base_auc[job.seed]))
         elif job.method == "gigpo-state" and job.seed != 2:  # seed 2 of the treatment is unfinished
             _write(job.run_dir, _records([0, 5, 10], step_auc[job.seed], invalid=0.05, grouped=0.9))
+        elif job.method is None and job.seed == 0:
+            _write(job.run_dir, [{"iteration": 0, "time/elapsed": 40.0}])
     summary = bench.summarize(jobs, {})["maze"]
     assert summary["baseline"] == "grpo" and summary["gate"] is None and summary["warm_start_shared"]
+    # 5 finished cells of 11 iterations, 10 s each as logged, and one finished warm start of 40 s.
+    assert summary["compute_seconds"] == {"cells": 550.0, "warm_starts": 40.0}
     grpo, step = summary["methods"]["grpo"], summary["methods"]["gigpo-state"]
     # AUCs (trapezoid over 0, 5, 10): grpo 0.3, 0.1, 0.525; gigpo-state 0.45, 0.2.
     assert [grpo["seeds"][s]["sampled_auc"] for s in (0, 1, 2)] == pytest.approx([0.3, 0.1, 0.525])
@@ -96,6 +100,7 @@ def test_summary_pairs_each_method_with_the_baseline_on_shared_seeds(tmp_path):
     table = (tmp_path / "summary.md").read_text()
     assert "| gigpo-state | 2 | 32.5 ± " in table and "+12.5 [" in table and "+15.0, +10.0" in table
     assert "The pilot has not finished" in table
+    assert "Compute: 5 cells and their warm starts took 0.16 core-hours (cells 0.15, warm starts 0.01)" in table
 
 
 def test_summary_checks_where_the_baseline_learned_and_repeats_the_comparison_there(tmp_path):

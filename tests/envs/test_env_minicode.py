@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import envs
 from envs import check_text_env, oracle_actions
 from envs.base import clean_observation
-from envs.minicode import TEMPLATES, MiniCodeEnv
+from envs.minicode import TEMPLATES, MiniCodeEnv, flawed_draft
 from envs.minicode_lang import (
     INT_LIMIT,
     MAX_INSTRUCTIONS,
@@ -190,7 +190,7 @@ def test_template_solution_matches_reference_semantics(template):
 
 
 # ---- the environment ---------------------------------------------------------------------------
-@pytest.mark.parametrize("kwargs", [dict(level=1), dict(level=2), dict(level=3, n_tests=12)])
+@pytest.mark.parametrize("kwargs", [dict(level=1), dict(level=2), dict(level=3, n_tests=12), dict(level=1, reference=False, oracle="drafts")])
 def test_checker_passes(kwargs):
     assert check_text_env(MiniCodeEnv(**kwargs)).checks[-1] == "usable_after_fuzz"
 
@@ -329,3 +329,58 @@ def test_bad_knobs_are_rejected():
         MiniCodeEnv(templates=["linear", "nope"])
     with pytest.raises(ValueError, match="n_tests"):
         MiniCodeEnv(n_tests=0)
+    with pytest.raises(ValueError, match="oracle must be one of \\('solution', 'drafts'\\), got 'nope'"):
+        MiniCodeEnv(oracle="nope")
+    with pytest.raises(ValueError, match="draft_rate must be in \\[0, 1\\), got 1.0"):
+        MiniCodeEnv(oracle="drafts", draft_rate=1.0)
+
+
+def test_task_without_reference_keeps_problem_and_example():
+    with_reference, without = MiniCodeEnv(level=1), MiniCodeEnv(level=1, reference=False)
+    task = with_reference.reset(seed=3)[1]["task"]
+    short = without.reset(seed=3)[1]["task"]
+    assert "MiniCode reference" in task and "MiniCode reference" not in short
+    assert task.startswith(short) and "Example:" in short and "hidden tests." in short
+    assert len(short) < len(task) / 3
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(TEMPLATES), st.integers(0, 2**32 - 1))
+def test_a_draft_is_its_solution_with_one_slip(template, seed):
+    solution = template.solution.format(**{name: low for name, (low, _) in template.constants.items()})
+    draft = flawed_draft(solution, template.inputs, np.random.default_rng(seed)).split()
+    words = solution.split()
+    if len(draft) == len(words):  # one word replaced
+        assert sum(a != b for a, b in zip(draft, words)) == 1
+    else:  # one word left out
+        assert len(draft) == len(words) - 1
+        assert any(words[:i] + words[i + 1 :] == draft for i in range(len(words)))
+
+
+def test_drafts_oracle_plans_drafts_then_the_solution_deterministically():
+    env = MiniCodeEnv(level=1, max_steps=4, oracle="drafts", draft_rate=0.5)
+    lengths, losing = [], 0
+    for seed in range(400):
+        env.reset(seed=seed)
+        plan = env.oracle()
+        assert env.oracle() == plan  # the same state, the same plan
+        assert plan[:-1] == [step for step in plan[:-1] if step != env._solution]
+        if plan[-1] != env._solution:
+            assert len(plan) == 4  # only a plan that runs out of attempts loses
+            losing += 1
+        lengths.append(len(plan))
+    # P(first submission is the solution) = 1 - rate, P(four drafts) = rate ** 4.
+    assert 0.42 < lengths.count(1) / 400 < 0.58
+    assert 0.03 < losing / 400 < 0.11
+    # From a later state the plan fits the attempts left.
+    env.reset(seed=1)
+    env.step("x")
+    env.step("x")
+    assert 1 <= len(env.oracle()) <= 2
+
+
+def test_drafts_oracle_with_rate_zero_is_the_solution():
+    env = MiniCodeEnv(level=2, oracle="drafts", draft_rate=0.0)
+    for seed in range(10):
+        env.reset(seed=seed)
+        assert env.oracle() == [env._solution]
