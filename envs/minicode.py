@@ -162,7 +162,7 @@ class MiniCodeEnv(TextEnv):
         templates: names of templates to draw from instead (overrides ``level``); see ``TEMPLATES``.
         reference: whether the task text ends with the language reference (default True). A policy
             that learns the language from demonstrations, as a small model cloned from scratch does,
-            needs none, and its prompts are then about a quarter as long.
+            needs none, and the task text is then about an eighth as long.
         oracle: what ``oracle()`` plans. ``"solution"`` (default): the template's solution, which wins
             in one step. ``"drafts"``: a programmer who, before each submission, has written a flawed
             draft (one random slip, see ``flawed_draft``) with probability ``draft_rate`` and submits
