@@ -285,10 +285,11 @@ class MiniCodeEnv(TextEnv):
         if self.oracle_kind == "solution":
             return [self._solution]
         rng = np.random.default_rng(int(blake2b(f"{self._task_key}\n{self._steps}".encode(), digest_size=8).hexdigest(), 16))
+        attempts_left = self.max_steps - self._steps
         plan: list[str] = []
-        while len(plan) < self.max_steps - self._steps and rng.random() < self.draft_rate:
+        while len(plan) < attempts_left and rng.random() < self.draft_rate:
             plan.append(flawed_draft(self._solution, self._template.inputs, rng))
-        return plan if len(plan) == self.max_steps - self._steps else [*plan, self._solution]
+        return plan if len(plan) == attempts_left else [*plan, self._solution]
 
     def is_won(self) -> bool:
         return self._passed
