@@ -132,6 +132,10 @@ class PolicyConfig:
     directory) or a local Hugging Face model directory."""
     device: str = "auto"
     """``auto`` (cuda when available, else cpu), ``cpu``, ``cuda`` or ``cuda:N``."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """``fp32``, or ``bf16``: the forward passes of the learner, the warm start and the hf engine run
+    under bfloat16 autocast while weights, optimizer state and losses stay float32. Needs a CUDA GPU
+    with bf16 or a CPU with AVX512-BF16 or AMX; elsewhere the trainer refuses it."""
     cache_dir: str | None = None
     """Where the embedded model and GGUF conversions are cached; None uses ``$AGENT_RL_CACHE/policies``
     (default: the user cache directory)."""

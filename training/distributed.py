@@ -6,6 +6,7 @@ minibatch and the gradients are summed. Outside torchrun every helper is a no-op
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -18,6 +19,36 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
+
+
+PRECISIONS = ("fp32", "bf16")
+
+
+def bf16_supported(device: torch.device) -> bool:
+    """Whether ``device`` runs bfloat16 matrix products natively: a CUDA GPU with bf16, or a CPU
+    with AVX512-BF16 or AMX (elsewhere torch emulates them, slower than float32)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def check_precision(precision: str, device: torch.device) -> None:
+    """Refuse a precision ``device`` cannot run (``policy.precision``)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "bf16" and not bf16_supported(device):
+        raise ValueError(
+            f"precision 'bf16' needs a CUDA GPU with bf16 or a CPU with AVX512-BF16 or AMX; {device} has neither "
+            "(use fp32)"
+        )
+
+
+def autocast(device: torch.device, precision: str):
+    """The context a forward pass runs in: bfloat16 autocast for ``bf16`` (weights stay float32),
+    nothing for ``fp32``."""
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 @dataclass(frozen=True)

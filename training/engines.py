@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from training.distributed import autocast
 from training.policy import serving_state_dict
 
 FINISH_REASONS = ("stop", "length")
@@ -100,10 +101,13 @@ def _check_request(prompts_token_ids: Sequence[Sequence[int]], n: int) -> None:
 class HFEngine:
     """Hugging Face ``generate`` on the (training) model object itself: no copy, no sync cost."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer, *, max_batch_size: int = 64, seed: int = 0) -> None:
+    def __init__(self, model: torch.nn.Module, tokenizer, *, max_batch_size: int = 64, seed: int = 0,
+                 precision: str = "fp32") -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model
+        self.precision = precision
+        """``bf16``: generate under bfloat16 autocast, as the learner's forward passes run."""
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
         self.stop_ids = stop_token_ids(model, tokenizer)
         self.max_batch_size = max_batch_size
@@ -130,7 +134,7 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.random.fork_rng(devices=cuda_devices), torch.no_grad():
+            with torch.random.fork_rng(devices=cuda_devices), torch.no_grad(), autocast(device, self.precision):
                 # A fresh seed per call: reproducible, and independent of the caller's RNG use.
                 torch.manual_seed(self.seed * 1_000_003 + self.calls)
                 self.calls += 1
@@ -201,6 +205,7 @@ class VLLMEngine:
         max_model_len: int | None = None,
         enforce_eager: bool = False,
         enable_prefix_caching: bool = True,
+        precision: str = "fp32",
     ) -> None:
         # Must be set before vllm is imported. In-process: no engine subprocess, weights sync by RPC.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -216,7 +221,7 @@ class VLLMEngine:
         self._model_dir = tempfile.mkdtemp(prefix="agent-rl-vllm-")
         write_untied_checkpoint(model, self._model_dir)
         tokenizer.save_pretrained(self._model_dir)
-        dtype = next(model.parameters()).dtype
+        dtype = torch.bfloat16 if precision == "bf16" else next(model.parameters()).dtype
         self.llm = LLM(
             model=self._model_dir,
             dtype=str(dtype).removeprefix("torch."),
@@ -313,7 +318,7 @@ def make_engine(kind: str, model: torch.nn.Module, tokenizer, **kwargs) -> HFEng
 def engine_from_config(config, model: torch.nn.Module, tokenizer) -> Engine:
     """The engine a resolved config describes: ``engine.kind`` in this process, or
     ``scale.engine_replicas`` replicas of it on Ray (``training.ray_engine.RayEngine``)."""
-    engine, scale, seed = config.engine, config.scale, config.trainer.seed
+    engine, scale, seed, precision = config.engine, config.scale, config.trainer.seed, config.policy.precision
     if engine.kind not in ("hf", "vllm"):
         raise ValueError(f"engine.kind {engine.kind!r} is not resolved; pass agent_rl.config.resolve(config)")
     if scale.engine_replicas > 0:
@@ -322,10 +327,11 @@ def engine_from_config(config, model: torch.nn.Module, tokenizer) -> Engine:
         return RayEngine(
             model, tokenizer, n_replicas=scale.engine_replicas, kind=engine.kind, seed=seed, address=scale.ray_address,
             num_cpus_per_replica=scale.num_cpus_per_actor, num_gpus_per_replica=scale.num_gpus_per_replica,
+            precision=precision,
         )
     if engine.kind == "hf":
-        return make_engine("hf", model, tokenizer, max_batch_size=engine.max_batch_size, seed=seed)
+        return make_engine("hf", model, tokenizer, max_batch_size=engine.max_batch_size, seed=seed, precision=precision)
     return make_engine(
         "vllm", model, tokenizer, seed=seed, kv_cache_memory_bytes=engine.kv_cache_memory_bytes,
-        enforce_eager=engine.enforce_eager,
+        enforce_eager=engine.enforce_eager, precision=precision,
     )

@@ -26,7 +26,7 @@ from agent_rl.batch import StepBatch
 from agent_rl.config import Config
 from agent_rl.losses import policy_loss
 from training.checkpoint import load_model_weights
-from training.distributed import DistContext, all_reduce_gradients, broadcast_ragged
+from training.distributed import DistContext, all_reduce_gradients, autocast, broadcast_ragged
 from training.policy import is_lora
 
 
@@ -58,6 +58,7 @@ def response_logits(
     model: torch.nn.Module,
     prompt_ids_list: Sequence[Sequence[int]],
     response_ids_list: Sequence[Sequence[int]],
+    precision: str = "fp32",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Teacher-forced next-token logits at every response position: ``(logits, targets, mask)`` with
     shapes ``(B, T, V)``, ``(B, T)``, ``(B, T)``; ``T`` is the longest response and ``mask`` is 1.0 on
@@ -67,7 +68,8 @@ def response_logits(
     repeated over the batch; gradients flow back through that cache, so the result equals B separate
     forward passes. The rest of each prompt is left-padded and its response right-padded, so every
     response starts at the same column and only the last ``T + 1`` positions need logits. Gradients
-    flow when grad mode is on."""
+    flow when grad mode is on. ``precision`` ``bf16`` runs the forward under bfloat16 autocast
+    (``training.distributed.autocast``); callers take the logits to float32 before any softmax."""
     if len(prompt_ids_list) != len(response_ids_list):
         raise ValueError(f"{len(prompt_ids_list)} prompts but {len(response_ids_list)} responses")
     if any(len(p) == 0 for p in prompt_ids_list):
@@ -90,19 +92,20 @@ def response_logits(
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     position_ids = shared + (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     past = None
-    if shared:
-        prefix = torch.tensor([list(prompt_ids_list[0][:shared])], dtype=torch.long, device=device)
-        past = model(input_ids=prefix, use_cache=True).past_key_values
-        past.batch_repeat_interleave(batch)
-        attention_mask = torch.cat([attention_mask.new_ones((batch, shared)), attention_mask], dim=1)
-    logits = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        past_key_values=past,
-        logits_to_keep=response_width + 1,
-        use_cache=past is not None,
-    ).logits[:, :-1]
+    with autocast(device, precision):
+        if shared:
+            prefix = torch.tensor([list(prompt_ids_list[0][:shared])], dtype=torch.long, device=device)
+            past = model(input_ids=prefix, use_cache=True).past_key_values
+            past.batch_repeat_interleave(batch)
+            attention_mask = torch.cat([attention_mask.new_ones((batch, shared)), attention_mask], dim=1)
+        logits = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past,
+            logits_to_keep=response_width + 1,
+            use_cache=past is not None,
+        ).logits[:, :-1]
     return logits, targets, mask
 
 
@@ -111,25 +114,26 @@ def sequence_logprobs(
     prompt_ids_list: Sequence[Sequence[int]],
     response_ids_list: Sequence[Sequence[int]],
     temperature: float = 1.0,
+    precision: str = "fp32",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Logprob of each response token given its prompt at ``temperature``: ``(logp, mask)``, both
-    ``(B, T)``; padded positions hold 0. Gradients flow when grad mode is on."""
+    ``(B, T)``, in float32; padded positions hold 0. Gradients flow when grad mode is on."""
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    logits, targets, mask = response_logits(model, prompt_ids_list, response_ids_list)
+    logits, targets, mask = response_logits(model, prompt_ids_list, response_ids_list, precision)
     logp = F.log_softmax(logits.float() / temperature, dim=-1).gather(2, targets[..., None])[..., 0]
     return logp * mask, mask
 
 
 @torch.no_grad()
 def recompute_logprobs(model: torch.nn.Module, batch: StepBatch, micro_batch_size: int,
-                       temperature: float) -> tuple[list[np.ndarray], dict[str, float]]:
+                       temperature: float, precision: str = "fp32") -> tuple[list[np.ndarray], dict[str, float]]:
     """Old logprobs of ``batch``'s responses from ``model``, and how far the engine's were from them."""
     recomputed, diffs = [], []
     for start in range(0, len(batch), micro_batch_size):
         rows = range(start, min(start + micro_batch_size, len(batch)))
         logp, mask = sequence_logprobs(
-            model, [batch.prompt_ids[i] for i in rows], [batch.response_ids[i] for i in rows], temperature
+            model, [batch.prompt_ids[i] for i in rows], [batch.response_ids[i] for i in rows], temperature, precision
         )
         for row, values, valid in zip(rows, logp.cpu().numpy(), mask.cpu().numpy().astype(bool)):
             recomputed.append(values[valid].astype(np.float32))
@@ -230,6 +234,7 @@ def accumulate_policy_gradient(
     micro_batch_size: int,
     reference: torch.nn.Module | None = None,
     shard: tuple[int, int] = (0, 1),
+    precision: str = "fp32",
 ) -> dict[str, float]:
     """Backpropagate the policy loss of one minibatch, ``micro_batch_size`` rows at a time.
 
@@ -264,12 +269,13 @@ def accumulate_policy_gradient(
         batch_responses = [responses[i] for i in rows]
         forwarded_tokens += _forwarded_tokens([np.arange(len(rows))], batch_prompts, np.array([len(p) for p in batch_prompts]),
                                               lengths[rows])
-        logits, targets, mask = response_logits(model, batch_prompts, batch_responses)
+        logits, targets, mask = response_logits(model, batch_prompts, batch_responses, precision)
         token_logp = F.log_softmax(logits.float() / temperature, dim=-1)
         logp = token_logp.gather(2, targets[..., None])[..., 0] * mask
         with torch.no_grad():
             entropy = -(token_logp.exp() * token_logp).sum(-1)
-            ref_logp = sequence_logprobs(reference, batch_prompts, batch_responses, temperature)[0] if kl_on else None
+            ref_logp = (sequence_logprobs(reference, batch_prompts, batch_responses, temperature, precision)[0]
+                        if kl_on else None)
         out = policy_loss(
             logp,
             _pad([old_logprobs[i] for i in rows], mask.shape[1], device),
@@ -341,7 +347,8 @@ class Learner:
         if batch is not None:
             prompts, responses, old_logprobs, rows_advantages = batch.prompt_ids, batch.response_ids, batch.old_logprobs, [advantages]
             if cfg.trainer.recompute_old_logprobs:
-                old_logprobs, metrics = recompute_logprobs(self.model, batch, cfg.optim.micro_batch_size, cfg.rollout.temperature)
+                old_logprobs, metrics = recompute_logprobs(self.model, batch, cfg.optim.micro_batch_size, cfg.rollout.temperature,
+                                                           cfg.policy.precision)
         prompts = broadcast_ragged(prompts, torch.int64, self.dist)
         if not prompts:
             return metrics
@@ -375,6 +382,7 @@ class Learner:
                     micro_batch_size=optim.micro_batch_size,
                     reference=self.reference,
                     shard=(self.dist.rank, self.dist.world_size),
+                    precision=self.config.policy.precision,
                 )
                 all_reduce_gradients(params, self.dist)
                 clip = optim.grad_clip if optim.grad_clip > 0 else float("inf")

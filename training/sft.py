@@ -187,10 +187,11 @@ def collect_dagger(envs: EnvPool | EnvFactory, engine: Engine, tokenizer, config
 
 
 def supervised_step(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, prompts: list[list[int]], responses: list[list[int]]
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, prompts: list[list[int]], responses: list[list[int]],
+    precision: str = "fp32",
 ) -> tuple[float, float]:
     """One cross-entropy step on the response tokens; returns (loss, token accuracy) of the batch."""
-    logits, targets, mask = response_logits(model, prompts, responses)
+    logits, targets, mask = response_logits(model, prompts, responses, precision)
     token_nll = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
     loss = (token_nll * mask).sum() / mask.sum().clamp(min=1.0)
     optimizer.zero_grad(set_to_none=True)
@@ -224,6 +225,7 @@ def train_supervised(
     schedule: str = "constant",
     progress: bool = True,
     dagger: tuple[int, Callable[[], Demonstrations]] | None = None,
+    precision: str = "fp32",
 ) -> dict[str, float]:
     """``steps`` AdamW steps on random batches of ``demos`` with the learning rate of ``scheduled_lr``;
     reports the loss and token accuracy averaged over the last tenth of the steps (at least one).
@@ -254,7 +256,7 @@ def train_supervised(
             batch = [(part, int(i)) for part, share in zip(pairs, shares)
                      for i in rng.choice(len(part), size=min(share, len(part)), replace=False)]
             loss, accuracy = supervised_step(
-                model, optimizer, [part.prompts[i] for part, i in batch], [part.responses[i] for part, i in batch]
+                model, optimizer, [part.prompts[i] for part, i in batch], [part.responses[i] for part, i in batch], precision
             )
             history.append((loss, accuracy))
             bar.update(task, advance=1, loss=loss, acc=accuracy)
@@ -296,7 +298,8 @@ def warm_start(model: torch.nn.Module, tokenizer, make_env: EnvFactory, config: 
 
         dagger = (int(sft.steps * (1.0 - sft.dagger_fraction)), collect)
     metrics = train_supervised(model, demos, steps=sft.steps, lr=sft.lr, batch_size=sft.batch_size, rng=rng,
-                               schedule=sft.lr_schedule, progress=config.logging.console, dagger=dagger)
+                               schedule=sft.lr_schedule, progress=config.logging.console, dagger=dagger,
+                               precision=config.policy.precision)
     limit = config.rollout.max_new_tokens
     too_long = [len(r) for r in demos.responses if len(r) > limit]
     metrics["sft/overlong_fraction"] = len(too_long) / len(demos)

@@ -28,10 +28,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agent_rl.advantages import compute_advantages
-from agent_rl.config import Config, config_to_dict, resolve, save_config
+from agent_rl.config import Config, ConfigError, config_to_dict, resolve, save_config
 from envs import AUTO_SFT_REASONS
 from training import checkpoint
-from training.distributed import broadcast_flag, broadcast_parameters, init_distributed, resolve_device, shutdown_distributed
+from training.distributed import (
+    broadcast_flag, broadcast_parameters, check_precision, init_distributed, resolve_device, shutdown_distributed,
+)
 from training.engines import Engine, engine_from_config
 from training.envpool import EnvFactory, env_factory, pool_from_config
 from training.evaluation import evaluate_heldout, target_reached
@@ -104,7 +106,12 @@ class Trainer:
             self.console.print(f"sft.mode=auto chose {cfg.sft.mode}: {AUTO_SFT_REASONS[cfg.sft.mode]}")
         if cfg.trainer.torch_threads:
             torch.set_num_threads(cfg.trainer.torch_threads)
-        self.dist = init_distributed(next(model.parameters()).device)
+        device = next(model.parameters()).device
+        try:
+            check_precision(cfg.policy.precision, device)
+        except ValueError as exc:
+            raise ConfigError(f"config key 'policy.precision': {exc}") from None
+        self.dist = init_distributed(device)
         if self.dist.enabled and not cfg.trainer.run_dir:
             raise ValueError("config key 'trainer.run_dir' must be set when training on several processes")
         if not self.dist.is_main:

@@ -337,9 +337,9 @@ def test_supervised_training_draws_half_of_each_batch_from_the_dagger_pairs_afte
     batches, modes = [], []
     step = sft.supervised_step
 
-    def recording_step(model, optimizer, prompts, responses):
+    def recording_step(model, optimizer, prompts, responses, precision):
         batches.append([prompt[0] for prompt in prompts])
-        return step(model, optimizer, prompts, responses)
+        return step(model, optimizer, prompts, responses, precision)
 
     monkeypatch.setattr(sft, "supervised_step", recording_step)
     demos = Demonstrations(prompts=[[1, 2], [1, 3], [1, 4], [1, 5]], responses=[[6]] * 4, episodes=4, successes=4)

@@ -1,0 +1,111 @@
+"""bf16 autocast (policy.precision=bf16): logprob parity with float32, a training step that stays
+finite with float32 weights, the engine under the same autocast, and refusing devices without bf16."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agent_rl.config import ConfigError, load_config
+from training import distributed
+from training.distributed import autocast, bf16_supported, check_precision
+from training.engines import HFEngine, SamplingParams
+from training.learner import accumulate_policy_gradient, sequence_logprobs
+
+CPU = torch.device("cpu")
+BF16_TOLERANCE = 0.05
+"""Largest |bf16 - fp32| logprob of a token allowed on the tiny model: bf16 keeps 8 mantissa bits, so
+logits of size ~10 round by up to ~0.04."""
+
+
+def tiny_llama(seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=128, eos_token_id=1, pad_token_id=0)
+    return LlamaForCausalLM(config).eval()
+
+
+PROMPTS = [[2, 5, 9, 30, 31], [2, 7, 8], [2, 11, 12, 13, 14, 15, 16]]
+RESPONSES = [[40, 41, 42], [43], [44, 45, 46, 47, 1]]
+
+
+def test_fp32_is_no_autocast_and_bf16_autocasts_matrix_products():
+    a = torch.randn(4, 4)
+    with autocast(CPU, "fp32"):
+        assert (a @ a).dtype == torch.float32
+    with autocast(CPU, "bf16"):
+        assert (a @ a).dtype == torch.bfloat16
+
+
+def test_bf16_logprobs_match_float32_within_tolerance():
+    model = tiny_llama()
+    with torch.no_grad():
+        fp32, mask = sequence_logprobs(model, PROMPTS, RESPONSES, 1.0, "fp32")
+        bf16, _ = sequence_logprobs(model, PROMPTS, RESPONSES, 1.0, "bf16")
+    assert bf16.dtype == torch.float32  # the softmax runs in float32 on float32 logits
+    gap = ((bf16 - fp32) * mask).abs()
+    assert 0 < float(gap.max()) <= BF16_TOLERANCE  # different, as bf16 must be, but close
+    assert next(model.parameters()).dtype == torch.float32
+
+
+def test_a_bf16_training_step_is_finite_keeps_float32_weights_and_follows_the_float32_gradient():
+    grads = {}
+    for precision in ("fp32", "bf16"):
+        model = tiny_llama()
+        with torch.no_grad():
+            logp, _ = sequence_logprobs(model, PROMPTS, RESPONSES)
+        old = [row[: len(r)].numpy() for row, r in zip(logp, RESPONSES)]
+        loss_kwargs = dict(ratio_level="token", clip_low=0.2, clip_high=0.2, loss_agg="seq_mean_token_mean", kl_coef=0.0)
+        metrics = accumulate_policy_gradient(model, PROMPTS, RESPONSES, old, torch.tensor([1.0, -0.5, 2.0]).numpy(),
+                                             loss_kwargs=loss_kwargs, temperature=1.0, micro_batch_size=2, precision=precision)
+        assert torch.isfinite(torch.tensor(metrics["loss"]))
+        grads[precision] = torch.cat([p.grad.flatten() for p in model.parameters()])
+        assert all(p.grad.dtype == torch.float32 and p.dtype == torch.float32 for p in model.parameters())
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        optimizer.step()
+        assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert torch.isfinite(grads["bf16"]).all()
+    assert float(torch.nn.functional.cosine_similarity(grads["bf16"], grads["fp32"], dim=0)) > 0.99
+
+
+class _Tokenizer:
+    pad_token_id, eos_token_id = 0, 1
+
+
+def test_the_hf_engine_under_bf16_reports_the_logprobs_the_learner_computes_under_bf16():
+    model = tiny_llama()
+    completions = HFEngine(model, _Tokenizer(), seed=3, precision="bf16").generate(PROMPTS, 2, SamplingParams(1.0, 1.0, 6))
+    flat = [c for group in completions for c in group]
+    prompts = [p for p in PROMPTS for _ in range(2)]
+    with torch.no_grad():
+        logp, mask = sequence_logprobs(model, prompts, [c.token_ids for c in flat], 1.0, "bf16")
+    engine = torch.zeros_like(logp)
+    for i, c in enumerate(flat):
+        engine[i, : len(c.logprobs)] = torch.tensor(c.logprobs)
+    assert float(((logp - engine) * mask).abs().max()) <= BF16_TOLERANCE
+
+
+def test_bf16_is_refused_where_the_device_cannot_run_it(monkeypatch, tmp_path):
+    check_precision("fp32", CPU)
+    with pytest.raises(ValueError, match="precision must be one of"):
+        check_precision("fp16", CPU)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert not bf16_supported(CPU)
+    with pytest.raises(ValueError, match="AVX512-BF16 or AMX"):
+        check_precision("bf16", CPU)
+    from training.envpool import env_factory
+    from training.trainer import Trainer
+
+    config = load_config(overrides=["policy.precision=bf16", f"trainer.run_dir={tmp_path}", "engine=hf", "sft.mode=none",
+                                    "logging.console=false"])
+    with pytest.raises(ConfigError, match="'policy.precision'.*AVX512-BF16"):
+        Trainer(config, model=tiny_llama(), tokenizer=_Tokenizer(), make_env=env_factory(config))
+    assert distributed.PRECISIONS == ("fp32", "bf16")
+
+
+def test_an_unknown_precision_is_a_config_error():
+    with pytest.raises(ConfigError, match="policy.precision"):
+        load_config(overrides=["policy.precision=fp16"])
