@@ -206,7 +206,9 @@ class Credit:
     """What :func:`compute_advantages` assigns to each row of a batch, and why."""
 
     advantages: np.ndarray
-    """The advantage the learner uses: ``episode + step_weight * step - invalid_penalty * invalid``."""
+    """The advantage the learner uses: ``episode + step_weight * step - invalid_penalty * invalid``,
+    times ``negative_weight`` where that is negative, times the row's trajectory weight with
+    ``algo.row_weight="trajectory"``."""
     episode: np.ndarray
     """Trajectory-level part (Eq. 3): the trajectory's total reward against its group; 0 with
     ``algo.advantage="none"``."""
@@ -222,6 +224,8 @@ class Credit:
         """Scalars for the run log."""
         metrics = {
             "advantage/abs_mean": float(np.abs(self.advantages).mean()) if len(self.advantages) else 0.0,
+            # Positive: the batch pushes up, on balance, what it sampled; negative: away from it.
+            "advantage/sum": float(self.advantages.sum()),
             "advantage/zero_fraction": float(np.mean(self.advantages == 0)) if len(self.advantages) else 0.0,
             "advantage/step_abs_mean": float(np.abs(self.step).mean()) if len(self.step) else 0.0,
         }
@@ -247,8 +251,11 @@ def compute_advantages(batch: StepBatch, algo: AlgorithmConfig) -> Credit:
 
     ``algo.invalid_penalty`` is then charged to each row whose action was invalid, on that row
     alone: it is not discounted into earlier steps and enters no group statistic, so no std can
-    scale it up. Anchor groups are built once; their statistics are reported with or without step
-    credit. ``batch.anchor_key`` must be set when step credit is on.
+    scale it up. Negative advantages are then multiplied by ``algo.negative_weight``, and with
+    ``algo.row_weight="trajectory"`` every row's advantage is scaled by
+    :func:`trajectory_weights`, so each trajectory weighs the same in the loss whatever its length.
+    Anchor groups are built once; their statistics are reported with or without step credit.
+    ``batch.anchor_key`` must be set when step credit is on.
     """
     open_parts = [name for name in ("advantage", "step_credit", "step_normalize") if getattr(algo, name) is None]
     if open_parts:
@@ -274,4 +281,15 @@ def compute_advantages(batch: StepBatch, algo: AlgorithmConfig) -> Credit:
         step_returns = discounted_returns(batch.reward, batch.traj_id, algo.gamma)
         step = _normalize_within(step_returns, step_groups, group_stats_.n_groups, algo.step_normalize, algo.eps)
     advantages = episode + algo.step_weight * step - algo.invalid_penalty * ~batch.action_valid
+    advantages = np.where(advantages < 0, algo.negative_weight * advantages, advantages)
+    if algo.row_weight == "trajectory" and n:
+        advantages = advantages * trajectory_weights(traj_code)
     return Credit(advantages, episode, step, step_groups, group_stats_)
+
+
+def trajectory_weights(traj_code: np.ndarray) -> np.ndarray:
+    """Per row, the mean trajectory length over its own trajectory's (dense codes): the rows of each
+    trajectory then weigh as much in all as one mean-length trajectory's, and the weights sum to the
+    number of rows."""
+    lengths = np.bincount(traj_code).astype(np.float64)
+    return (len(traj_code) / np.count_nonzero(lengths)) / lengths[traj_code]

@@ -118,7 +118,7 @@ def _cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
-BENCHMARKS = {"credit": "credit_assignment", "testbed": "credit_testbed"}
+BENCHMARKS = {"credit": "credit_assignment", "lift": "lift", "testbed": "credit_testbed"}
 """``agent-rl bench NAME`` runs the module ``benchmarks.<module>`` of the source checkout."""
 
 

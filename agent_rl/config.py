@@ -91,6 +91,12 @@ DEFAULT_ENV_KWARGS: dict[str, Any] = {
 }
 """The main job's Maze: ``env.kwargs`` when ``env.id`` is ``DEFAULT_ENV_ID`` and no kwargs are given."""
 
+MAZE_SFT_SIZES = {"steps": 1200, "episodes": 4000}
+"""The warm start's size for the default environment id (the main job's oracle clone)."""
+GENERIC_SFT_SIZES = {"steps": 300, "episodes": 500}
+"""The warm start's size for any other environment when the config leaves it open: a random-action
+warm start stops at its format target long before, and a recipe names its own sizes."""
+
 
 # ---- the sections -------------------------------------------------------------------------------
 
@@ -203,10 +209,15 @@ class RolloutConfig:
     max_admissible_actions: int = 0
     """List at most this many admissible actions, in the environment's order (0: all); keeps prompts
     short where the list is long (TextWorld, ScienceWorld). The ``admissible`` parser accepts all of them."""
+    min_batch_rows: int = 0
+    """Collect further rounds of ``n_groups`` groups (fresh seeds) until the batch holds at least this
+    many rows (turns), within ``max_resample_rounds`` extra rounds: an environment of one-step
+    episodes then gives the learner as many rows per iteration as a multi-step one (64 one-step
+    trajectories are too few for minibatches that average out sampling noise). 0 collects one round."""
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: drop groups whose trajectory returns are all equal, collect more."""
     max_resample_rounds: int = 3
-    """Extra collection rounds dynamic sampling may run to fill the batch."""
+    """Extra collection rounds that dynamic sampling and ``min_batch_rows`` may run."""
     overlong_penalty: float = 0.0
     """Reward subtracted from a response at the token limit (0 disables overlong shaping)."""
     overlong_buffer: int = 0
@@ -216,7 +227,7 @@ class RolloutConfig:
         for name in ("n_groups", "group_size", "max_turns", "max_prompt_tokens", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("history_turns", "max_admissible_actions", "max_resample_rounds", "overlong_buffer"):
+        for name in ("history_turns", "max_admissible_actions", "min_batch_rows", "max_resample_rounds", "overlong_buffer"):
             if getattr(self, name) < 0:
                 raise ValueError(f"RolloutConfig.{name} must be >= 0, got {getattr(self, name)}")
         if self.overlong_buffer > self.max_new_tokens:
@@ -236,8 +247,11 @@ class RolloutConfig:
 def _default_rollout() -> RolloutConfig:
     # The main-job recipe: 8 groups x 8 trajectories, the last turn in the prompt (without it a greedy
     # reactive policy walks back and forth), and room for the longest Maze action (9 tokens + EOS with
-    # the embedded tokenizer).
-    return RolloutConfig(n_groups=8, group_size=8, max_turns=20, history_turns=1, max_new_tokens=12)
+    # the embedded tokenizer); at least 256 rows, so one-step environments play 4 rounds; temperature
+    # 0.7, at which a weak clone's samples stay mostly valid (at 1.0 a 70% Maze clone played 59%
+    # invalid rows).
+    return RolloutConfig(n_groups=8, group_size=8, max_turns=20, history_turns=1, max_new_tokens=12, min_batch_rows=256,
+                         temperature=0.7)
 
 
 @dataclass
@@ -270,6 +284,17 @@ class AlgorithmConfig:
     environments' ``invalid_action_penalty`` reward, it never changes a trajectory's return, and it
     reaches an invalid command that every member of a group repeats, which group-relative credit
     gives 0."""
+    negative_weight: float = 0.25
+    """Multiplies every negative advantage (after the invalid-action penalty). Below 1 the update
+    learns more from what worked than from what failed: most rows of a failed trajectory are moves
+    that winning ones made too, and pushing their tokens down disturbs the policy (asymmetric
+    REINFORCE). 1 is the unbiased policy gradient; 0 learns from positive advantages alone."""
+    row_weight: Literal["turn", "trajectory"] = "trajectory"
+    """How the rows (turns) of a trajectory share its weight in the loss: ``turn`` counts every row
+    the same, so a trajectory weighs as many turns as it has (verl-agent); ``trajectory`` scales each
+    row's advantage by the batch's mean trajectory length over its own, so every trajectory weighs
+    the same. With ``turn``, a group whose failures run longer than its wins pushes, summed over
+    rows, away from what it sampled."""
     eps: float = 1e-6
     """Added to the std in every normalization."""
     loss_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -288,11 +313,11 @@ class AlgorithmConfig:
 class OptimizerConfig:
     """AdamW and the PPO-style update schedule."""
 
-    lr: float = 1e-4
-    """AdamW learning rate of the RL phase. AdamW moves every parameter by about ``lr`` per step
-    whatever the gradient's size, so a noisy policy gradient at a large rate perturbs the warm start
-    at random (the learner the main job had, at 3e-4, cost its clone 3-20 points of greedy success
-    within 4 iterations on 5 seeds; docs/benchmarks.md)."""
+    lr: float = 2e-4
+    """AdamW learning rate of the RL phase (peak, after ``warmup_steps``; a minibatch short of
+    ``minibatch_size`` trajectories steps at a proportional share of it). AdamW moves every parameter
+    by about ``lr`` per step whatever the gradient's size, so the rate sets how far one step of noisy
+    evidence moves the policy (docs/benchmarks.md, "What RL adds")."""
     betas: tuple[float, float] = (0.9, 0.99)
     """AdamW betas."""
     weight_decay: float = 0.0
@@ -301,20 +326,21 @@ class OptimizerConfig:
     """AdamW epsilon."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value before each step; 0 disables clipping."""
-    warmup_steps: int = 0
+    warmup_steps: int = 16
     """Optimizer steps over which the RL learning rate rises linearly to ``lr`` (step k uses
     ``lr * k / warmup_steps``); 0 starts at ``lr``. A fresh AdamW moves every parameter by about
     ``lr`` in its first steps whatever the gradient's size, which noisy policy gradients turn into
     a random perturbation of the warm start."""
-    epochs: int = 1
-    """Passes over each iteration's rollout batch."""
+    epochs: int = 2
+    """Passes over each iteration's learnable trajectories."""
     minibatches: int = 4
-    """Optimizer steps per epoch: the iteration's rows are shuffled and split into this many
-    minibatches; with more than one, the ratios leave 1 after the first step and the clip terms
-    act."""
-    minibatch_size: int = 0
-    """Rows per optimizer step instead of a fixed count (the rows split into ``rows // size``
-    minibatches); 0 uses ``minibatches``."""
+    """Optimizer steps per epoch when ``minibatch_size`` is 0: the learnable trajectories are
+    shuffled and split into this many minibatches; with more than one, the ratios leave 1 after the
+    first step and the clip terms act."""
+    minibatch_size: int = 16
+    """Learnable trajectories (those with a row of non-zero advantage) per optimizer step: they split
+    into ``count // size`` minibatches, so the number of steps follows the evidence, and with fewer
+    than ``size`` of them the one step takes ``lr * count / size``. 0 uses ``minibatches``."""
     micro_batch_size: int = 64
     """Rows per forward/backward pass (gradient accumulation); does not change the gradient."""
 
@@ -327,16 +353,19 @@ class SFTConfig:
     """oracle (clone the environment's oracle plans), random (clone uniformly random admissible actions:
     format, not task), none, or auto: oracle when the environment gives oracle plans, else random when
     its reset info lists ``admissible_actions``, else none. The resolved config records the choice."""
-    steps: int = 1200
-    """Optimizer steps of supervised training."""
+    steps: int | None = None
+    """Optimizer steps of supervised training; None is 1,200 for the default environment id (the
+    main job's oracle clone, ``MAZE_SFT_SIZES``) and 300 for any other (``GENERIC_SFT_SIZES``)."""
     lr: float = 1e-3
     """AdamW learning rate of the warm start (the peak, under a schedule)."""
     lr_schedule: Literal["constant", "cosine"] = "cosine"
     """constant, or cosine: linear warmup over the first 5% of the steps, then cosine decay towards 0."""
     batch_size: int = 16
     """(prompt, response) pairs per step."""
-    episodes: int = 4000
-    """Episodes played to build the demonstration set (distinct seeds)."""
+    episodes: int | None = None
+    """Episodes played to build the demonstration set (distinct seeds); None is 4,000 for the default
+    environment id and 500 for any other (collecting 4,000 episodes of a game with a long rules text
+    takes minutes)."""
     perturb: float = 0.1
     """oracle mode: probability that a demonstration turn plays a random action instead (not cloned;
     the oracle plans again from there), so the clone learns to recover from detours and errors."""
@@ -352,6 +381,14 @@ class SFTConfig:
     disables it."""
     dagger_fraction: float = 0.25
     """Fraction of ``steps`` trained after the DAgger round; the learning-rate schedule runs on."""
+    format_target: float | None = 0.95
+    """random mode: stop cloning once at least this share of the replies sampled (at the rollout's
+    temperature) for held-out demonstration prompts name an admissible action, checked every 25
+    steps: random actions teach the format, not the task, and RL learns the task. None clones all
+    ``steps``."""
+    max_seconds: float | None = None
+    """Stop cloning after this many seconds of training (collection excluded), in any mode; None
+    sets no time bound. A time bound makes the warm start depend on the machine's speed."""
 
 
 @dataclass
@@ -436,6 +473,12 @@ class Config:
     """Logging."""
     scale: ScaleConfig = field(default_factory=ScaleConfig)
     """Ray environment actors and engine replicas."""
+
+    def __post_init__(self) -> None:
+        sizes = MAZE_SFT_SIZES if self.env.id == DEFAULT_ENV_ID else GENERIC_SFT_SIZES
+        for name, value in sizes.items():
+            if getattr(self.sft, name) is None:
+                setattr(self.sft, name, value)
 
 
 def _section_types() -> dict[str, type]:
@@ -701,6 +744,7 @@ def validate(config: Config) -> None:
     _require(algo.eps > 0, "algo.eps", "must be > 0")
     _require(algo.kl_coef is None or algo.kl_coef >= 0, "algo.kl_coef", "must be >= 0")
     _require(algo.invalid_penalty >= 0, "algo.invalid_penalty", "must be >= 0")
+    _require(0 <= algo.negative_weight <= 1, "algo.negative_weight", f"must be in [0, 1], got {algo.negative_weight}")
     for name in algo.loss_kwargs:
         _require(name in LOSS_KWARGS, f"algo.loss_kwargs.{name}", f"unknown loss argument; choose from {list(LOSS_KWARGS)}")
     _require(algo.loss is None or algo.loss in LOSS_PRESETS, "algo.loss",
@@ -716,15 +760,14 @@ def validate(config: Config) -> None:
     _require(optim.minibatches >= 1, "optim.minibatches", "must be >= 1")
     _require(optim.minibatch_size >= 0, "optim.minibatch_size", "must be >= 0 (0 = use optim.minibatches)")
     rollout = config.rollout
-    fewest_rows = rollout.n_groups * rollout.group_size  # every trajectory has at least one turn
-    most_rows = fewest_rows * rollout.max_turns
+    trajectories = rollout.n_groups * rollout.group_size
     if optim.minibatch_size == 0:
-        _require(optim.minibatches <= fewest_rows, "optim.minibatches",
-                 f"{optim.minibatches} minibatches exceed the {fewest_rows} rows a batch may hold "
-                 "(rollout.n_groups x rollout.group_size trajectories of one turn)")
-    _require(optim.minibatch_size <= most_rows, "optim.minibatch_size",
-             f"{optim.minibatch_size} rows leave no full minibatch: a batch holds at most {most_rows} rows "
-             "(rollout.n_groups x rollout.group_size x rollout.max_turns)")
+        _require(optim.minibatches <= trajectories, "optim.minibatches",
+                 f"{optim.minibatches} minibatches exceed the {trajectories} trajectories of a round "
+                 "(rollout.n_groups x rollout.group_size)")
+    _require(optim.minibatch_size <= trajectories, "optim.minibatch_size",
+             f"{optim.minibatch_size} trajectories leave no full minibatch: a round holds {trajectories} trajectories "
+             "(rollout.n_groups x rollout.group_size)")
     _require(optim.micro_batch_size >= 1, "optim.micro_batch_size", "must be >= 1")
     _require(optim.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0 (0 = no warmup)")
     sft = config.sft
@@ -736,6 +779,10 @@ def validate(config: Config) -> None:
     _require(0.0 <= sft.epsilon <= 1.0, "sft.epsilon", "must be in [0, 1]")
     _require(sft.dagger_episodes >= 0, "sft.dagger_episodes", "must be >= 0")
     _require(0.0 < sft.dagger_fraction < 1.0, "sft.dagger_fraction", "must be in (0, 1)")
+    if sft.format_target is not None:
+        _require(0.0 < sft.format_target <= 1.0, "sft.format_target", f"must be in (0, 1] or null, got {sft.format_target}")
+    if sft.max_seconds is not None:
+        _require(sft.max_seconds > 0, "sft.max_seconds", f"must be > 0 or null, got {sft.max_seconds}")
     trainer = config.trainer
     _require(trainer.iterations >= 0, "trainer.iterations", "must be >= 0")
     _require(trainer.eval_every >= 0, "trainer.eval_every", "must be >= 0")

@@ -138,7 +138,7 @@ def rl_config(model_name: str, device: torch.device, precision: str, sizes: dict
         f"rollout.n_groups={sizes['n_groups']}", f"rollout.group_size={sizes['group_size']}",
         f"rollout.max_turns={sizes['max_turns']}", "rollout.history_turns=1", "rollout.max_new_tokens=24",
         "rollout.parser=admissible", "rollout.max_admissible_actions=12", "rollout.max_prompt_tokens=768",
-        "optim.lr=1e-5", "optim.minibatches=2", f"optim.micro_batch_size={sizes['micro_batch_size']}",
+        "optim.lr=1e-5", "optim.minibatches=2", "optim.minibatch_size=0", f"optim.micro_batch_size={sizes['micro_batch_size']}",
         f"trainer.iterations={sizes['iterations']}", f"trainer.eval_every={sizes['iterations']}",
         f"trainer.eval_episodes={sizes['eval_episodes']}", "trainer.target_success=null",
         f"trainer.save_every={sizes['iterations']}", "trainer.seed=0", f"trainer.run_dir={run_dir}",

@@ -60,7 +60,15 @@ parameter by about lr per step, whatever the gradient's size), undiscounted step
 discount, all-win groups reward whatever walk was shortest in that maze, which a policy that sees
 one room cannot know), and a 0.5 penalty on each invalid action in credit (an all-fail group's
 repeated invalid command gets no other signal)."""
+LEARNER_OF_THEN = ("optim.minibatch_size=0", "optim.epochs=1", "optim.warmup_steps=0", "algo.negative_weight=1",
+                   "algo.row_weight=turn", "rollout.temperature=1", "rollout.min_batch_rows=0")
+"""The update schedule and credit weighting every arm below ran with: minibatches counted, one
+epoch, no warmup, negative advantages at full weight, every turn weighing the same, sampling at
+temperature 1. The embedded defaults have since changed them (``current`` runs those). The update
+itself now leaves zero-advantage rows out and deals whole trajectories into the minibatches, so a
+rerun of an arm is close to the committed runs, not identical with them."""
 ARMS: dict[str, tuple[str, ...]] = {
+    "current": (),
     "previous": PREVIOUS,
     "previous-mb4": (*PREVIOUS, "optim.minibatches=4"),  # the schedule alone
     "new": NEW,
@@ -74,8 +82,10 @@ ARMS: dict[str, tuple[str, ...]] = {
     # to 0 over its rows, however much longer its failing trajectories are.
     "step-stats": (*EMBEDDED_BEFORE, "algo.episode_stats=step"),
 }
+ARMS = {name: (*LEARNER_OF_THEN, *arm) if arm else arm for name, arm in ARMS.items()}
 """Each arm is a set of config overrides on top of the embedded defaults (the main job); each names
-every learner setting it depends on, so it reproduces whatever the defaults are."""
+every learner setting it depends on (with ``LEARNER_OF_THEN``), so it reproduces whatever the
+defaults are; ``current`` is the embedded defaults themselves."""
 WARM_START_BEFORE = ("env.kwargs.oracle=shortest", "sft.steps=300", "sft.episodes=400", "sft.lr_schedule=constant",
                      "sft.batch_size=16", "sft.perturb=0")
 """The main job's warm start when the learner arms were compared (``--warm-start before``): 300

@@ -18,7 +18,8 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 TINY = [
     "engine=hf", "trainer.iterations=1", "trainer.eval_episodes=2", "trainer.eval_sampled=false",
     "trainer.confirm_episodes=0", "rollout.n_groups=2", "rollout.group_size=2", "rollout.max_turns=3",
-    "sft.steps=2", "sft.episodes=2", "sft.batch_size=4", "logging.console=false", "logging.tensorboard=false",
+    "sft.steps=2", "sft.episodes=2", "sft.batch_size=4", "optim.minibatch_size=2", "rollout.min_batch_rows=0", "logging.console=false",
+    "logging.tensorboard=false",
 ]
 
 

@@ -171,11 +171,17 @@ RATIO_EXTREMES = {"ratio_max": max, "log_ratio_abs_max": max, "ratio_min": min}
 """Metrics reported as the extreme over an update's micro-batches and optimizer steps, not a mean."""
 
 
-def minibatch_count(rows: int, optim) -> int:
-    """Minibatches per epoch for a batch of ``rows`` rows: ``optim.minibatches``, or ``rows //
-    optim.minibatch_size`` when a size is set; at least 1 and at most ``rows``."""
-    wanted = rows // optim.minibatch_size if optim.minibatch_size else optim.minibatches
-    return max(1, min(wanted, rows))
+def minibatch_count(units: int, optim) -> int:
+    """Minibatches per epoch for ``units`` learnable trajectories: ``units // optim.minibatch_size`` when
+    a size is set, else ``optim.minibatches``; at least 1 and at most ``units``."""
+    wanted = units // optim.minibatch_size if optim.minibatch_size else optim.minibatches
+    return max(1, min(wanted, units))
+
+
+def step_scale(units: int, optim) -> float:
+    """The share of a full step a minibatch of ``units`` learnable trajectories takes: ``units /
+    optim.minibatch_size``, at most 1; 1 when minibatches are counted (``optim.minibatches``)."""
+    return min(1.0, units / optim.minibatch_size) if optim.minibatch_size else 1.0
 
 
 def warmup_lr(step: int, lr: float, warmup_steps: int) -> float:
@@ -222,6 +228,26 @@ def plan_micro_batches(prompts: list[np.ndarray], responses: list[np.ndarray], r
     return [rows[batch] for batch in (length_plan, cluster_plan)[int(np.argmin(costs))]]
 
 
+def merge_repeated_rows(prompts: list[np.ndarray], responses: list[np.ndarray], rows: np.ndarray,
+                        advantages: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(representatives, advantages, counts)``: one row for each group of ``rows`` with the same
+    prompt, the same response and the same sign of advantage, carrying the group's summed advantage
+    and its size. A policy stuck in a loop writes the same reply to the same prompt turn after turn;
+    such rows have the same logprobs and ratios, and the clipped surrogate is linear in the
+    advantage on either side of 0 (as CISPO's is everywhere), so the representative's loss is the
+    sum of theirs and each group is forwarded once."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if len(rows) < 2:
+        return rows, advantages[rows], np.ones(len(rows), dtype=np.int64)
+    pieces = [piece for i in rows for piece in (prompts[i], (-1,), responses[i])]  # -1: no token id
+    lengths = np.array([len(prompts[i]) + 1 + len(responses[i]) for i in rows])
+    matrix = np.full((len(rows), int(lengths.max()) + 1), -2, dtype=np.int64)
+    matrix[:, :-1][np.arange(matrix.shape[1] - 1) < lengths[:, None]] = np.concatenate(pieces)
+    matrix[:, -1] = np.sign(advantages[rows])
+    _, first, inverse, counts = np.unique(matrix, axis=0, return_index=True, return_inverse=True, return_counts=True)
+    return rows[first], np.bincount(inverse.reshape(-1), weights=advantages[rows]), counts
+
+
 def accumulate_policy_gradient(
     model: torch.nn.Module,
     prompts: list[np.ndarray],
@@ -241,10 +267,12 @@ def accumulate_policy_gradient(
     The gradient does not depend on the split: every micro-batch is normalized by the minibatch's
     global token count (``token_mean``) or row count (``seq_mean_*``), and a fixed ``norm_length``.
     Rows with zero advantage and no KL term have exactly zero gradient, so they are counted in the
-    normalizers but never forwarded. ``shard=(rank, world_size)`` forwards only this rank's share of
+    normalizers but never forwarded; without a KL term, repeated rows are forwarded once
+    (:func:`merge_repeated_rows`). ``shard=(rank, world_size)`` forwards only this rank's share of
     the rows (normalizers stay global), so summing the ranks' gradients gives the full gradient.
-    Returns token-weighted metrics over the rows this call forwarded, its row count and the tokens
-    the model forwarded for them (``forwarded_tokens``: prompts and responses, padding included)."""
+    Returns token-weighted metrics over the rows this call stands for, the rows it forwarded
+    (``active_rows``) and merged (``repeated_rows``), and the tokens the model forwarded for them
+    (``forwarded_tokens``: prompts and responses, padding included)."""
     lengths = np.array([len(r) for r in responses], dtype=np.int64)
     kl_on = loss_kwargs.get("kl_coef", 0.0) > 0
     if kl_on and reference is None:
@@ -254,7 +282,12 @@ def accumulate_policy_gradient(
         raise ValueError("loss_agg 'seq_mean_token_sum_norm' needs a fixed norm_length")
     num_tokens = float(lengths.sum())
     num_rows = float((lengths > 0).sum() if loss_kwargs["loss_agg"] == "seq_mean_token_mean" else len(lengths))
-    active = np.flatnonzero(((advantages != 0) | kl_on) & (lengths > 0))
+    learnable = np.flatnonzero(((advantages != 0) | kl_on) & (lengths > 0))
+    merged, counts = np.asarray(advantages, dtype=np.float64).copy(), np.ones(len(advantages), dtype=np.int64)
+    active = learnable
+    if not kl_on:  # a KL term is not linear in the advantage: repeated rows then go one by one
+        active, merged_advantages, active_counts = merge_repeated_rows(prompts, responses, learnable, merged)
+        merged[active], counts[active] = merged_advantages, active_counts
     # Planned over all ranks, then each micro-batch is dealt round-robin: balanced and prefix-sharing.
     plan = plan_micro_batches(prompts, responses, active, micro_batch_size * shard[1])
     device = next(model.parameters()).device
@@ -279,7 +312,7 @@ def accumulate_policy_gradient(
         out = policy_loss(
             logp,
             _pad([old_logprobs[i] for i in rows], mask.shape[1], device),
-            torch.as_tensor(advantages[rows], dtype=torch.float32, device=device),
+            torch.as_tensor(merged[rows], dtype=torch.float32, device=device),
             mask,
             ref_logp=ref_logp,
             entropy=entropy,
@@ -288,7 +321,7 @@ def accumulate_policy_gradient(
             **loss_kwargs,
         )
         out.loss.backward()
-        weight = float(mask.sum())
+        weight = float((mask.sum(1).cpu() * torch.as_tensor(counts[rows], dtype=torch.float32)).sum())
         tokens_seen += weight
         sums["loss"] += float(out.loss.detach())
         for key, value in out.metrics.items():
@@ -298,6 +331,7 @@ def accumulate_policy_gradient(
                 sums[key] += value * weight
     metrics = {k: (v if k in RATIO_EXTREMES or k == "loss" else v / max(tokens_seen, 1.0)) for k, v in sums.items()}
     metrics["active_rows"] = float(forwarded)
+    metrics["repeated_rows"] = float(len(learnable) - len(active))
     metrics["forwarded_tokens"] = float(forwarded_tokens)
     return metrics
 
@@ -343,9 +377,11 @@ class Learner:
         responses: list[np.ndarray] = []
         old_logprobs: list[np.ndarray] = []
         rows_advantages: list[np.ndarray] = []
+        rows_trajectories: list[np.ndarray] = []
         metrics: dict[str, float] = {}
         if batch is not None:
-            prompts, responses, old_logprobs, rows_advantages = batch.prompt_ids, batch.response_ids, batch.old_logprobs, [advantages]
+            prompts, responses, old_logprobs = batch.prompt_ids, batch.response_ids, batch.old_logprobs
+            rows_advantages, rows_trajectories = [advantages], [np.asarray(batch.traj_id, dtype=np.int64)]
             if cfg.trainer.recompute_old_logprobs:
                 old_logprobs, metrics = recompute_logprobs(self.model, batch, cfg.optim.micro_batch_size, cfg.rollout.temperature,
                                                            cfg.policy.precision)
@@ -355,21 +391,42 @@ class Learner:
         responses = broadcast_ragged(responses, torch.int64, self.dist)
         old_logprobs = broadcast_ragged(old_logprobs, torch.float32, self.dist)
         (advantages,) = broadcast_ragged(rows_advantages, torch.float64, self.dist)
-        return {**metrics, **self.optimize(prompts, responses, old_logprobs, advantages, progress)}
+        (trajectories,) = broadcast_ragged(rows_trajectories, torch.int64, self.dist)
+        return {**metrics, **self.optimize(prompts, responses, old_logprobs, advantages, progress, trajectories)}
 
     def optimize(self, prompts: list[np.ndarray], responses: list[np.ndarray], old_logprobs: list[np.ndarray],
-                 advantages: np.ndarray, progress: Progress) -> dict[str, float]:
-        """PPO-style: ``optim.epochs`` passes over the rows, each shuffled and split into minibatches;
-        one AdamW step (after clipping) per minibatch, so every step after the first learns from
-        rows sampled by an older policy and the importance ratios and clip terms act."""
+                 advantages: np.ndarray, progress: Progress, trajectories: np.ndarray | None = None) -> dict[str, float]:
+        """PPO-style: ``optim.epochs`` passes over the rows that carry a gradient, each shuffled and
+        split into minibatches; one AdamW step (after clipping) per minibatch, so every step after the
+        first learns from rows sampled by an older policy and the importance ratios and clip terms act.
+
+        Steps follow signal: rows with zero advantage (and no KL term) have exactly zero gradient, so
+        they are left out, and the trajectories that keep a row are the units the minibatches are
+        made of (``trajectories``: each row's trajectory id; None counts every row as its own): the
+        rows of one trajectory share its outcome, so a trajectory, not a row, is one sample of
+        evidence. Their number sets the minibatch count (``minibatch_count``), and with
+        ``optim.minibatch_size`` set, a minibatch of k trajectories short of it steps at ``lr * k /
+        minibatch_size`` (``step_scale``): AdamW moves every weight by about lr whatever the
+        gradient's size, so a batch with three learnable trajectories would otherwise move the
+        policy as far as one with hundreds. A batch with no learnable row takes no step
+        (``update/skipped``)."""
         optim = self.config.optim
-        n = len(prompts)
-        parts = minibatch_count(n, optim)
+        kl_on = self.loss_kwargs.get("kl_coef", 0.0) > 0
+        lengths = np.array([len(r) for r in responses])
+        learnable = np.flatnonzero(((advantages != 0) | kl_on) & (lengths > 0))
+        if len(learnable) == 0:
+            return {"update/skipped": 1.0, "update/optimizer_steps": 0.0, "update/learnable_rows": 0.0,
+                    "update/learnable_fraction": 0.0, "update/forwarded_tokens": 0.0}
+        owners = np.arange(len(prompts)) if trajectories is None else np.asarray(trajectories)
+        units, unit_of_row = np.unique(owners[learnable], return_inverse=True)
+        rows_of_unit = np.split(learnable[np.argsort(unit_of_row, kind="stable")], np.cumsum(np.bincount(unit_of_row))[:-1])
+        parts = minibatch_count(len(units), optim)
         task = progress.add_task("update", total=optim.epochs * parts)
         step_metrics: list[dict[str, float]] = []
         params = [p for p in self.model.parameters() if p.requires_grad]
         for _ in range(optim.epochs):
-            for rows in np.array_split(self.shuffle_rng.permutation(n), parts):
+            for chosen in np.array_split(self.shuffle_rng.permutation(len(units)), parts):
+                rows = np.concatenate([rows_of_unit[u] for u in chosen])
                 self.optimizer.zero_grad(set_to_none=True)
                 metrics = accumulate_policy_gradient(
                     self.model,
@@ -387,9 +444,9 @@ class Learner:
                 all_reduce_gradients(params, self.dist)
                 clip = optim.grad_clip if optim.grad_clip > 0 else float("inf")
                 metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, clip))
-                if optim.warmup_steps:  # otherwise the optimizer keeps the rate it was built with
-                    for group in self.optimizer.param_groups:
-                        group["lr"] = warmup_lr(self.steps_taken + 1, optim.lr, optim.warmup_steps)
+                for group in self.optimizer.param_groups:
+                    base = group.setdefault("initial_lr", group["lr"])  # the optimizer's own rate, saved with it
+                    group["lr"] = warmup_lr(self.steps_taken + 1, base, optim.warmup_steps) * step_scale(len(chosen), optim)
                 metrics["lr"] = self.optimizer.param_groups[0]["lr"]
                 self.optimizer.step()
                 step_metrics.append(metrics)
@@ -403,6 +460,14 @@ class Learner:
             if key in combined:
                 combined[key] = float(extreme(m[key] for m in step_metrics if key in m))
         combined["optimizer_steps"] = float(len(step_metrics))
+        combined["skipped"] = 0.0
+        combined["learnable_rows"] = float(len(learnable))
+        combined["learnable_fraction"] = len(learnable) / len(prompts)  # the share of rows with a gradient
+        combined["learnable_trajectories"] = float(len(units))
+        # The first step moves the policy that sampled the batch: its KL and entropy show how far.
+        for key in ("approx_kl", "entropy"):
+            if key in step_metrics[0]:
+                combined[f"first_step_{key}"] = step_metrics[0][key]
         # This process's total over the update (under torch.distributed, its share of the rows).
         combined["forwarded_tokens"] = float(sum(m["forwarded_tokens"] for m in step_metrics))
         return {f"update/{k}": v for k, v in combined.items()}

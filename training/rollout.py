@@ -24,6 +24,8 @@ Decisions worth knowing:
 - Dynamic sampling (DAPO): groups whose trajectory returns are all equal (zero advantage signal) are
   dropped and new groups are collected until ``n_groups`` are kept or ``max_resample_rounds`` extra
   rounds ran; the batch may then hold fewer groups (possibly none).
+- ``min_batch_rows``: while the kept groups hold fewer rows than that, another round of ``n_groups``
+  groups is played (within the same ``max_resample_rounds``), so short episodes still fill a batch.
 - Statistics describe every trajectory played in the call, dropped groups included (they measure the
   policy, not the batch).
 """
@@ -217,6 +219,7 @@ def _record(episode: Episode, move: Move, result: EnvResult, config: RolloutConf
             "observation": episode.observation,
             "error": episode.info.get("error"),
             "anchor_state": str(episode.info.get("anchor", episode.observation)),
+            "admissible": episode.admissible_actions,
             "action": move.action,
         }
     )
@@ -303,7 +306,8 @@ def collect_rollouts(
     played: list[Episode] = []
     dropped_groups = rounds = 0
     while True:
-        seeds = draw_seeds(rng, config.n_groups - len(kept), used)
+        missing = config.n_groups - len(kept)  # dynamic sampling refills the groups it dropped
+        seeds = draw_seeds(rng, missing if missing > 0 else config.n_groups, used)
         round_seeds = np.repeat(seeds, config.group_size)
         round_groups = np.repeat(np.arange(len(seeds)), config.group_size)
         with env_pool(envs, len(round_seeds)) as pool:
@@ -317,7 +321,9 @@ def collect_rollouts(
                 dropped_groups += 1
             elif members:
                 kept.append(members)
-        if not config.dynamic_sampling or len(kept) >= config.n_groups or rounds > config.max_resample_rounds:
+        groups_short = config.dynamic_sampling and len(kept) < config.n_groups
+        rows_short = sum(len(e.rows) for members in kept for e in members) < config.min_batch_rows
+        if not (groups_short or rows_short) or rounds > config.max_resample_rounds:
             break
     episodes = [e for members in kept for e in members]
     group_ids = [g for g, members in enumerate(kept) for _ in members]

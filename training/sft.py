@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
@@ -27,10 +28,14 @@ from agent_rl.config import Config, RolloutConfig
 from training.envpool import EnvFactory, EnvPool, env_pool
 from training.learner import response_logits, warmup_lr
 from training.prompts import PromptFormat
-from training.engines import Engine
+from training.engines import Engine, HFEngine
 from training.rollout import Episode, Move, PlayStats, PolicyActor, draw_seeds, play_episodes, sampling_params
 
 SFT_MODES = ("random", "oracle")
+FORMAT_CHECK_EVERY = 25
+"""Cloning steps between two measurements of the format accuracy (``sft.format_target``)."""
+FORMAT_PROBES = 64
+"""Demonstration prompts held out of training to measure the format accuracy on."""
 
 
 @dataclass
@@ -43,9 +48,23 @@ class Demonstrations:
     """Episodes played to collect them."""
     successes: int
     """Of those, how many were won (every one for ``oracle``)."""
+    admissible: list[list[str] | None] = field(default_factory=list)
+    """The admissible actions each prompt listed (None where the environment lists none)."""
 
     def __len__(self) -> int:
         return len(self.prompts)
+
+    def split(self, rows: np.ndarray) -> tuple[Demonstrations, Demonstrations]:
+        """``(the pairs at rows, the others)``, each counting the same episodes."""
+        chosen = np.zeros(len(self), dtype=bool)
+        chosen[rows] = True
+
+        def part(mask: np.ndarray) -> Demonstrations:
+            index = np.flatnonzero(mask)
+            return Demonstrations([self.prompts[i] for i in index], [self.responses[i] for i in index], self.episodes,
+                                  self.successes, [self.admissible[i] for i in index] if self.admissible else [])
+
+        return part(chosen), part(~chosen)
 
 
 class DemonstrationActor:
@@ -130,7 +149,7 @@ def demonstrations_of(episodes: Sequence[Episode]) -> Demonstrations:
     cloned = [row for e in played for row in e.rows if row["learn"]]
     return Demonstrations(
         [row["prompt_ids"].tolist() for row in cloned], [row["response_ids"].tolist() for row in cloned],
-        len(episodes), sum(bool(e.rows and e.rows[-1]["won"]) for e in played),
+        len(episodes), sum(bool(e.rows and e.rows[-1]["won"]) for e in played), [row["admissible"] for row in cloned],
     )
 
 
@@ -202,6 +221,18 @@ def supervised_step(
     return float(loss.detach()), accuracy
 
 
+def format_accuracy(engine: Engine, tokenizer, config: RolloutConfig, probes: Demonstrations) -> float:
+    """The share of replies ``engine`` samples for the prompts of ``probes`` (one each, at the rollout's
+    temperature) that name one of the admissible actions listed with the prompt."""
+    prompt_format = PromptFormat.from_rollout(config)
+    completions = engine.generate(probes.prompts, 1, sampling_params(config))
+    named = [
+        prompt_format.parse(tokenizer.decode(completion.token_ids, skip_special_tokens=True), actions)[0] in (actions or ())
+        for (completion,), actions in zip(completions, probes.admissible)
+    ]
+    return float(np.mean(named))
+
+
 def scheduled_lr(step: int, steps: int, lr: float, schedule: str) -> float:
     """Learning rate of optimizer step ``step`` (0-based) of ``steps``. ``constant``: ``lr``.
     ``cosine``: a linear warmup over the first 5% of the steps (at least one), then a cosine decay from
@@ -226,12 +257,14 @@ def train_supervised(
     progress: bool = True,
     dagger: tuple[int, Callable[[], Demonstrations]] | None = None,
     precision: str = "fp32",
+    until: Callable[[int], bool] | None = None,
 ) -> dict[str, float]:
     """``steps`` AdamW steps on random batches of ``demos`` with the learning rate of ``scheduled_lr``;
-    reports the loss and token accuracy averaged over the last tenth of the steps (at least one).
-    ``dagger=(step, collect)`` calls ``collect()`` (in eval mode) before that step, and from it on
-    draws half of every batch from the pairs it returns: they are few next to the demonstrations,
-    but they are the clone's own mistakes (``sft/dagger_*`` metrics)."""
+    reports the loss and token accuracy averaged over the last tenth of the steps taken (at least
+    one) and ``sft/steps_taken``. ``dagger=(step, collect)`` calls ``collect()`` (in eval mode)
+    before that step, and from it on draws half of every batch from the pairs it returns: they are
+    few next to the demonstrations, but they are the clone's own mistakes (``sft/dagger_*``
+    metrics). ``until(steps_taken)`` is asked after every step; True ends training there."""
     if len(demos) == 0:
         raise ValueError("no SFT demonstrations were collected")
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
@@ -260,11 +293,14 @@ def train_supervised(
             )
             history.append((loss, accuracy))
             bar.update(task, advance=1, loss=loss, acc=accuracy)
+            if until is not None and until(step + 1):
+                break
     model.eval()
-    tail = history[-max(1, steps // 10) :] if history else [(float("nan"), float("nan"))]
+    tail = history[-max(1, len(history) // 10) :] if history else [(float("nan"), float("nan"))]
     return {
         "sft/loss": float(np.mean([h[0] for h in tail])),
         "sft/token_accuracy": float(np.mean([h[1] for h in tail])),
+        "sft/steps_taken": float(len(history)),
         "sft/pairs": float(len(demos)),
         "sft/demo_success_rate": demos.successes / max(demos.episodes, 1),
         **({"sft/dagger_pairs": float(len(extra)), "sft/dagger_success_rate": extra.successes / max(extra.episodes, 1)}
@@ -276,7 +312,13 @@ def warm_start(model: torch.nn.Module, tokenizer, make_env: EnvFactory, config: 
                console: Console | None = None, engine: Engine | None = None) -> dict[str, float]:
     """The supervised warm start ``config.sft`` asks for, on demonstrations in the rollout prompt
     format; returns its metrics (none when ``sft.mode`` is ``none``). The DAgger round
-    (``sft.dagger_episodes``, oracle mode) plays the clone on ``engine``, synced to ``model`` first."""
+    (``sft.dagger_episodes``, oracle mode) plays the clone on ``engine``, synced to ``model`` first.
+
+    Cloning stops early (``sft/steps_taken``) once ``sft.max_seconds`` have passed, and in random mode
+    once the format accuracy (:func:`format_accuracy`, on ``FORMAT_PROBES`` demonstration pairs held
+    out of training, or half of the pairs where there are fewer than twice as many, every
+    ``FORMAT_CHECK_EVERY`` steps, sampled on ``engine`` or an hf engine on ``model``) reaches
+    ``sft.format_target``: random actions teach the format, not the task."""
     sft = config.sft
     if sft.mode == "none" or sft.steps == 0:
         return {}
@@ -286,6 +328,23 @@ def warm_start(model: torch.nn.Module, tokenizer, make_env: EnvFactory, config: 
         make_env, tokenizer, config.rollout, mode=sft.mode, seeds=draw_seeds(rng, sft.episodes, used), rng=rng,
         perturb=sft.perturb, epsilon=sft.epsilon,
     )
+    checks: list[float] = []
+    probes = None
+    if sft.mode == "random" and sft.format_target is not None and len(demos) >= 2:
+        # At most half of the pairs are held out, so a small demonstration set still trains.
+        probes, demos = demos.split(rng.choice(len(demos), size=min(FORMAT_PROBES, len(demos) // 2), replace=False))
+        engine = engine if engine is not None else HFEngine(model, tokenizer, seed=config.trainer.seed,
+                                                                 precision=config.policy.precision)
+    started = time.perf_counter()
+
+    def until(steps_taken: int) -> bool:
+        if sft.max_seconds is not None and time.perf_counter() - started >= sft.max_seconds:
+            return True
+        if probes is None or steps_taken % FORMAT_CHECK_EVERY:
+            return False
+        engine.update_weights(model)
+        checks.append(format_accuracy(engine, tokenizer, config.rollout, probes))
+        return checks[-1] >= sft.format_target
     dagger = None
     if sft.mode == "oracle" and sft.dagger_episodes > 0:
         if engine is None:
@@ -299,14 +358,17 @@ def warm_start(model: torch.nn.Module, tokenizer, make_env: EnvFactory, config: 
         dagger = (int(sft.steps * (1.0 - sft.dagger_fraction)), collect)
     metrics = train_supervised(model, demos, steps=sft.steps, lr=sft.lr, batch_size=sft.batch_size, rng=rng,
                                schedule=sft.lr_schedule, progress=config.logging.console, dagger=dagger,
-                               precision=config.policy.precision)
+                               precision=config.policy.precision, until=until)
+    if checks:
+        metrics["sft/format_accuracy"] = checks[-1]
     limit = config.rollout.max_new_tokens
     too_long = [len(r) for r in demos.responses if len(r) > limit]
     metrics["sft/overlong_fraction"] = len(too_long) / len(demos)
     if console is not None:
+        reached = f", format accuracy {checks[-1]:.2f}" if checks else ""
         console.print(
-            f"SFT ({sft.mode}): {int(metrics['sft/pairs'])} pairs, {sft.steps} steps, "
-            f"token accuracy {metrics['sft/token_accuracy']:.3f}, loss {metrics['sft/loss']:.3f}"
+            f"SFT ({sft.mode}): {int(metrics['sft/pairs'])} pairs, {int(metrics['sft/steps_taken'])} of {sft.steps} steps, "
+            f"token accuracy {metrics['sft/token_accuracy']:.3f}, loss {metrics['sft/loss']:.3f}{reached}"
         )
         if "sft/dagger_pairs" in metrics:
             console.print(

@@ -49,7 +49,7 @@ RESUME_MAY_CHANGE = ("trainer.iterations", "trainer.run_dir", "trainer.target_su
 ROLLOUT_METRICS = {
     "success_rate": "success_rate", "return": "mean_return", "length": "mean_length", "invalid_rate": "invalid_action_rate",
     "overlong_rate": "overlong_rate", "failed_trajectories": "failed_trajectories", "dropped_groups": "dropped_groups",
-    "rows": "batch_rows", "tokens_per_s": "tokens_per_s",
+    "rounds": "rounds", "rows": "batch_rows", "tokens_per_s": "tokens_per_s",
 }
 """Logged ``rollout/<name>`` metrics and the ``collect_rollouts`` statistic each one reports."""
 
@@ -193,9 +193,11 @@ class Trainer:
                 batch = None
         with timed(metrics, "time/update"):
             learned = self.learner.update(batch, advantages, progress)
-        if not learned:  # no rows: nothing was learned, nothing to sync
-            return metrics
         metrics.update(learned)
+        if not learned or learned.get("update/skipped"):  # nothing was learned, nothing to sync
+            if learned:
+                self.console.print(f"iteration {self.iteration}: every row has zero advantage; no optimizer step")
+            return metrics
         if self.dist.is_main:
             with timed(metrics, "time/sync"):
                 self.engine.update_weights(self.model)

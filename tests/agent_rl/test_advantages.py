@@ -16,6 +16,7 @@ from agent_rl.advantages import (
     discounted_returns,
     episode_advantages,
     step_advantages,
+    trajectory_weights,
 )
 from agent_rl.batch import StepBatch
 from agent_rl.config import ConfigError, load_config, resolve_algorithm
@@ -178,7 +179,8 @@ def test_step_advantages_by_hand():
     )
 
 
-GIGPO_MEAN = ["algo=gigpo", "algo.advantage=drgrpo", "algo.step_normalize=mean"]
+# Rows weighted as turns, so the hand values below are the plain per-row advantages.
+GIGPO_MEAN = ["algo=gigpo", "algo.advantage=drgrpo", "algo.step_normalize=mean", "algo.row_weight=turn", "algo.negative_weight=1"]
 """GiGPO with mean-centred advantages at both levels (no std), whose values are easy by hand."""
 
 
@@ -212,7 +214,8 @@ def test_pipeline_is_episode_plus_weighted_step():
     batch = step_batch([0, 0, 0, 0], [0, 0, 1, 1], [0.0, 1.0, 0.0, 0.0], ["s0", "s1", "s0", "s1"])
     step_returns = discounted_returns(batch.reward, batch.traj_id, 0.9)
     for preset, mode, normalize in (("gigpo", "drgrpo", "mean"), ("grpo", "grpo", "mean_std")):
-        algo = resolved_algo([f"algo={preset}", "algo.step_credit=true", "algo.step_weight=0.5", "algo.gamma=0.9"])
+        algo = resolved_algo([f"algo={preset}", "algo.step_credit=true", "algo.step_weight=0.5", "algo.gamma=0.9",
+                               "algo.negative_weight=1"])
         episode = episode_advantages(episode_returns, batch.group_id, batch.traj_id, mode=mode)
         step = step_advantages(step_returns, batch.group_id, batch.anchor_key, normalize=normalize)
         np.testing.assert_allclose(compute_advantages(batch, algo).advantages, episode + 0.5 * step)
@@ -256,7 +259,7 @@ def test_invalid_penalty_is_charged_to_the_invalid_step_alone():
     np.testing.assert_allclose(penalized.advantages - plain.advantages, [0, 0, -0.1, 0, 0], atol=1e-12)
     np.testing.assert_array_equal(penalized.episode, plain.episode)  # returns and group statistics untouched
     # Under std normalization an all-win group stays at the penalty's size: it enters no statistic.
-    std = ["algo=grpo", "algo.step_credit=true", "algo.gamma=0.5", "algo.invalid_penalty=0"]
+    std = ["algo=grpo", "algo.step_credit=true", "algo.gamma=0.5", "algo.invalid_penalty=0", "algo.row_weight=turn", "algo.negative_weight=1"]
     no_penalty = compute_advantages(batch, resolved_algo(std))
     with_penalty = compute_advantages(batch, resolved_algo([*std, "algo.invalid_penalty=0.01"]))
     np.testing.assert_allclose(with_penalty.advantages - no_penalty.advantages, [0, 0, -0.01, 0, 0], atol=1e-12)
@@ -343,7 +346,7 @@ def test_step_stats_reproduce_verl_agent(normalize):
     mode = "grpo" if normalize == "mean_std" else "drgrpo"
     algo = resolved_algo([
         "algo=gigpo", f"algo.advantage={mode}", f"algo.step_normalize={normalize}", "algo.episode_stats=step",
-        "algo.step_weight=0.7", "algo.gamma=0.95",
+        "algo.step_weight=0.7", "algo.gamma=0.95", "algo.row_weight=turn", "algo.negative_weight=1",  # verl-agent: every turn alike, unbiased
     ])
     ours = compute_advantages(step_batch(groups, trajs, rewards, keys), algo).advantages
     reference = _verl_gigpo(ep, sr, groups, trajs, keys, normalize == "mean", 0.7)
@@ -427,3 +430,54 @@ def test_grpo_trajectory_advantages_are_standardized(batch):
             assert abs(members.mean()) < 1e-9
             std = values.std(ddof=1)
             np.testing.assert_allclose(members.std(ddof=1), std / (std + EPS), rtol=1e-9)
+
+
+# ---- row weights ------------------------------------------------------------------------------------
+
+
+def test_trajectory_weights_by_hand():
+    # Trajectories of 2, 3 and 1 rows: 6 rows, 3 trajectories, mean length 2.
+    np.testing.assert_allclose(trajectory_weights(np.array([0, 0, 1, 1, 1, 2])), [1, 1, 2 / 3, 2 / 3, 2 / 3, 2])
+
+
+def test_trajectory_row_weight_makes_every_trajectory_weigh_the_same():
+    # A short win (2 rows) and a long loss (4 rows) from one seed: Dr.GRPO's +-0.5 per row sums to
+    # 2 * 0.5 - 4 * 0.5 = -1 over rows, a net push away from what was sampled; weighted by mean
+    # length (3) over length, each trajectory's rows sum to 3 * (+-0.5) and the group to 0.
+    batch = step_batch([0] * 6, [0, 0, 1, 1, 1, 1], [0, 1, 0, 0, 0, 0], ["a", "b", "a", "c", "d", "e"])
+    episode_only = ["algo=drgrpo", "algo.invalid_penalty=0", "algo.negative_weight=1"]
+    turns = compute_advantages(batch, resolved_algo([*episode_only, "algo.row_weight=turn"]))
+    np.testing.assert_allclose(turns.advantages, [0.5, 0.5, -0.5, -0.5, -0.5, -0.5])
+    weighted = compute_advantages(batch, resolved_algo([*episode_only, "algo.row_weight=trajectory"]))
+    np.testing.assert_allclose(weighted.advantages, [0.75, 0.75, -0.375, -0.375, -0.375, -0.375])
+    assert weighted.advantages.sum() == pytest.approx(0.0) and turns.advantages.sum() == pytest.approx(-1.0)
+    np.testing.assert_array_equal(weighted.episode, turns.episode)  # the parts stay unweighted
+
+
+def test_negative_weight_scales_only_negative_advantages_after_the_penalty():
+    # A win (1 row) and a loss (2 rows, the second invalid) from one seed; Dr.GRPO gives +-0.5, the
+    # penalty 0.5 takes the invalid row to -1; a quarter weight then gives [0.5, -0.125, -0.25].
+    batch = step_batch([0, 0, 0], [0, 1, 1], [1, 0, 0], ["a", "a", "b"], valid=[True, True, False])
+    algo = ["algo=drgrpo", "algo.invalid_penalty=0.5", "algo.row_weight=turn"]
+    full = compute_advantages(batch, resolved_algo([*algo, "algo.negative_weight=1"]))
+    np.testing.assert_allclose(full.advantages, [0.5, -0.5, -1.0])
+    quarter = compute_advantages(batch, resolved_algo([*algo, "algo.negative_weight=0.25"]))
+    np.testing.assert_allclose(quarter.advantages, [0.5, -0.125, -0.25])
+    positive_only = compute_advantages(batch, resolved_algo([*algo, "algo.negative_weight=0"]))
+    np.testing.assert_allclose(positive_only.advantages, [0.5, 0.0, 0.0])
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.5])
+def test_negative_weight_outside_the_unit_interval_is_a_config_error(value):
+    with pytest.raises(ConfigError, match="algo.negative_weight"):
+        load_config(overrides=[f"algo.negative_weight={value}"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(batches())
+def test_trajectory_weighted_drgrpo_advantages_sum_to_zero_over_each_groups_rows(batch):
+    returns, groups, trajs, _, _ = batch
+    rewards = np.where(np.r_[trajs[1:] != trajs[:-1], True], returns, 0.0)  # each trajectory's return on its last row
+    credit = compute_advantages(StepBatch.for_credit(groups, trajs, rewards), resolved_algo(["algo=drgrpo", "algo.invalid_penalty=0",
+                                                                                                   "algo.negative_weight=1"]))
+    np.testing.assert_allclose(np.bincount(groups, weights=credit.advantages), 0.0, atol=1e-9)

@@ -85,6 +85,15 @@ def test_yaml_file_then_overrides(tmp_path):
         ("rollout.parser=regex", "config key 'rollout.parser': 'regex' is not one of"),
         ("rollout.temperature=0", "RolloutConfig.temperature must be > 0"),
         ("rollout.top_p=1.5", "RolloutConfig.top_p must be in (0, 1]"),
+        ("rollout.min_batch_rows=-1", "RolloutConfig.min_batch_rows must be >= 0"),
+        ("optim.lr=-1e-4", "config key 'optim.lr': must be > 0"),
+        ("optim.minibatch_size=65", "config key 'optim.minibatch_size': 65 trajectories leave no full minibatch: a round holds 64"),
+        ("optim.minibatch_size=-1", "config key 'optim.minibatch_size': must be >= 0"),
+        ("algo.negative_weight=2", "config key 'algo.negative_weight': must be in [0, 1]"),
+        ("algo.row_weight=token", "config key 'algo.row_weight': 'token' is not one of"),
+        ("sft.format_target=0", "config key 'sft.format_target': must be in (0, 1] or null"),
+        ("sft.format_target=1.5", "config key 'sft.format_target': must be in (0, 1] or null"),
+        ("sft.max_seconds=0", "config key 'sft.max_seconds': must be > 0 or null"),
     ],
 )
 def test_bad_values_name_the_key(override, message):
@@ -231,3 +240,15 @@ def test_env_kwargs_default_only_for_the_default_environment():
     for name in ("sokoban", "minicode"):
         assert load_config(name).env.kwargs == yaml.safe_load((RECIPES / f"{name}.yaml").read_text())["env"]["kwargs"]
     assert load_config(base={"env": {"id": "agent_rl/Sokoban-v0"}}).env.kwargs == {}
+
+
+def test_the_warm_start_sizes_are_the_main_jobs_only_for_its_environment():
+    from agent_rl.config import GENERIC_SFT_SIZES, MAZE_SFT_SIZES, config_from_dict, config_to_dict
+
+    main_job = load_config()
+    assert (main_job.sft.steps, main_job.sft.episodes) == (MAZE_SFT_SIZES["steps"], MAZE_SFT_SIZES["episodes"]) == (1200, 4000)
+    user = load_config(overrides=["env.id=agent_rl/Sokoban-v0"])
+    assert (user.sft.steps, user.sft.episodes) == (GENERIC_SFT_SIZES["steps"], GENERIC_SFT_SIZES["episodes"]) == (300, 500)
+    named = load_config(overrides=["env.id=agent_rl/Sokoban-v0", "sft.steps=7"])
+    assert (named.sft.steps, named.sft.episodes) == (7, 500)
+    assert config_from_dict(config_to_dict(user)) == user  # the resolved sizes are written out

@@ -18,11 +18,13 @@ from agent_rl.config import load_config, resolve
 from training.learner import (
     Learner,
     accumulate_policy_gradient,
+    merge_repeated_rows,
     minibatch_count,
     plan_micro_batches,
     recompute_logprobs,
     response_logits,
     sequence_logprobs,
+    step_scale,
     warmup_lr,
 )
 
@@ -102,7 +104,7 @@ def test_sequence_logprobs_reject_bad_input(policy):
 
 
 def test_minibatch_count():
-    optim = load_config(overrides=["optim.minibatches=1"]).optim
+    optim = load_config(overrides=["optim.minibatches=1", "optim.minibatch_size=0"]).optim
     assert optim.minibatch_size == 0
     assert minibatch_count(10, optim) == 1
     optim.minibatches = 4
@@ -111,6 +113,100 @@ def test_minibatch_count():
     optim.minibatch_size = 4
     assert minibatch_count(10, optim) == 2
     assert minibatch_count(3, optim) == 1
+
+
+def test_step_scale_is_the_share_of_a_full_minibatch():
+    optim = load_config(overrides=["optim.minibatch_size=8"]).optim
+    assert [step_scale(k, optim) for k in (1, 4, 8, 20)] == [0.125, 0.5, 1.0, 1.0]
+    optim.minibatch_size = 0  # minibatches are counted: every step is whole
+    assert step_scale(1, optim) == 1.0
+
+
+def test_minibatches_are_whole_trajectories_and_a_short_one_steps_at_its_share_of_lr(policy):
+    """Rows 0-1, 2-4 and 5 belong to trajectories 7, 8 and 9. Counted minibatches (3) put one
+    trajectory in each step; with minibatch_size=4 the 3 trajectories make one step at 3/4 of lr."""
+    model, _ = policy
+    prompts, responses, _ = _synthetic_rows(model.config.vocab_size, 6, seed=4)
+    with torch.no_grad():
+        logp, _ = sequence_logprobs(model, prompts, responses, 1.0)
+    old = [row[: len(r)].numpy() for row, r in zip(logp, responses)]
+    trajectories, advantages = np.array([7, 7, 8, 8, 8, 9]), np.array([1.0, 1.0, -0.5, -0.5, -0.5, 2.0])
+    for overrides, steps, rows_per_step, rates in (
+        (["optim.minibatches=3", "optim.minibatch_size=0"], 3, [[1], [2], [3]], [1e-3] * 3),
+        (["optim.minibatch_size=4"], 1, [[6]], [7.5e-4]),
+    ):
+        config = resolve(load_config(overrides=[*overrides, "optim.lr=1e-3", "optim.warmup_steps=0", "optim.epochs=1", "algo.loss=grpo", "algo.kl_coef=0", "engine=hf"]))
+        trained = copy.deepcopy(model)
+        optimizer = torch.optim.AdamW(trained.parameters(), lr=config.optim.lr)
+        forwarded, seen_rates = [], []
+        learner = Learner(trained, optimizer, config, np.random.default_rng(0))
+        step = optimizer.step
+        optimizer.step = lambda: (seen_rates.append(optimizer.param_groups[0]["lr"]), step())[1]
+        original = accumulate_policy_gradient
+
+        def record(*args, **kwargs):
+            metrics = original(*args, **kwargs)
+            forwarded.append([int(metrics["active_rows"] + metrics["repeated_rows"])])
+            return metrics
+
+        import training.learner as learner_module
+
+        learner_module.accumulate_policy_gradient = record
+        try:
+            with Progress(disable=True) as progress:
+                metrics = learner.optimize(prompts, responses, old, advantages, progress, trajectories)
+        finally:
+            learner_module.accumulate_policy_gradient = original
+        assert metrics["update/optimizer_steps"] == steps and metrics["update/learnable_trajectories"] == 3
+        assert sorted(forwarded) == rows_per_step  # rows per step: one trajectory each, or all three
+        assert seen_rates == pytest.approx(rates)
+        assert optimizer.param_groups[0]["initial_lr"] == 1e-3  # the base rate stays, for the next update
+
+
+def test_repeated_rows_are_merged_by_prompt_response_and_sign():
+    prompts = [np.array(p) for p in ([1, 2], [1, 2], [1, 3], [1, 2], [1, 2], [1, 2])]
+    responses = [np.array(r) for r in ([5], [5], [5], [6], [5], [5, 7])]
+    advantages = np.array([0.5, 0.25, 1.0, -1.0, -2.0, 0.75])
+    representatives, merged, counts = merge_repeated_rows(prompts, responses, np.arange(6), advantages)
+    groups = {int(r): (float(a), int(c)) for r, a, c in zip(representatives, merged, counts)}
+    # Rows 0, 1 (same prompt, response, positive), row 4 (same, negative), rows 2, 3 and 5 alone.
+    assert groups == {0: (0.75, 2), 4: (-2.0, 1), 2: (1.0, 1), 3: (-1.0, 1), 5: (0.75, 1)}
+    assert counts.sum() == 6 and merged.sum() == pytest.approx(advantages.sum())
+
+
+@pytest.mark.parametrize("loss", ["grpo", "gspo_token", "cispo", "drgrpo"])
+def test_merging_repeated_rows_leaves_the_gradient_unchanged(loss):
+    """A minibatch that repeats rows (same prompt and response, advantages of both signs) gets the
+    gradient of the row-by-row sum of the policy loss, after one step has moved the ratios."""
+    from agent_rl.config import LOSS_PRESETS
+    from agent_rl.losses import policy_loss
+
+    model = _tiny_model()
+    rng = np.random.default_rng(5)
+    base_prompts = [rng.integers(2, 40, size=6), rng.integers(2, 40, size=4)]
+    base_responses = [rng.integers(2, 40, size=3), rng.integers(2, 40, size=2)]
+    pick = [0, 0, 0, 1, 1, 0]
+    prompts, responses = [base_prompts[i] for i in pick], [base_responses[i] for i in pick]
+    advantages = np.array([0.5, -1.0, 0.25, 2.0, 1.0, -0.5])
+    with torch.no_grad():
+        logp, _ = sequence_logprobs(model, base_prompts, base_responses)
+    # Old logprobs off the current ones, so ratios leave 1 and the clip acts; repeated rows share them.
+    old = [logp[i, : len(base_responses[i])].numpy() - 0.3 * (1 - 2 * i) for i in pick]
+    kwargs = {**{k: v for k, v in LOSS_PRESETS[loss].items() if k not in ("kl_coef", "kl_estimator")}, "kl_coef": 0.0,
+              "norm_length": 4 if LOSS_PRESETS[loss]["loss_agg"] == "seq_mean_token_sum_norm" else None}
+    model.zero_grad()
+    metrics = accumulate_policy_gradient(model, prompts, responses, old, advantages, loss_kwargs=kwargs, temperature=1.0,
+                                         micro_batch_size=8)
+    merged = torch.cat([p.grad.flatten() for p in model.parameters()])
+    assert metrics["repeated_rows"] == 3  # rows 0 and 2 (positive), 1 and 5 (negative), 3 and 4 merge
+    model.zero_grad()
+    lengths = np.array([len(r) for r in responses])
+    for i in range(len(prompts)):
+        row_logp, mask = sequence_logprobs(model, [prompts[i]], [responses[i]])
+        policy_loss(row_logp, torch.as_tensor(old[i])[None], torch.tensor([advantages[i]], dtype=torch.float32), mask,
+                    num_tokens=float(lengths.sum()), num_rows=float(len(lengths)), **kwargs).loss.backward()
+    one_by_one = torch.cat([p.grad.flatten() for p in model.parameters()])
+    assert float((merged - one_by_one).norm() / one_by_one.norm()) < 1e-5
 
 
 def _synthetic_rows(vocab: int, n: int, seed: int):
@@ -133,7 +229,7 @@ def test_minibatch_update_does_not_depend_on_the_micro_batch_split_and_moves_the
     old = [row[: len(r)].numpy() for row, r in zip(logp, responses)]
     results, gradients = [], []
     for size in (1, 64):
-        config = resolve(load_config(overrides=["optim.minibatches=3", "optim.epochs=2", "algo.loss=grpo", "algo.kl_coef=0",
+        config = resolve(load_config(overrides=["optim.minibatches=3", "optim.minibatch_size=0", "optim.epochs=2", "algo.loss=grpo", "algo.kl_coef=0",
                                                 "optim.lr=1e-5", f"optim.micro_batch_size={size}", "engine=hf"]))
         copy_ = copy.deepcopy(model)
         optimizer = torch.optim.AdamW(copy_.parameters(), lr=config.optim.lr)
@@ -158,24 +254,43 @@ def test_minibatch_update_does_not_depend_on_the_micro_batch_split_and_moves_the
         assert metrics["update/clip_frac"] > 0.0
 
 
-def test_a_minibatch_with_nothing_to_learn_does_not_break_the_update(policy):
-    """Rows with zero advantage are never forwarded, so a minibatch made only of them reports no
-    ratio or loss terms; the update's metrics come from the steps that do (2 of 3 minibatches here,
-    wherever the shuffle puts the zero-advantage row)."""
+def test_rows_with_zero_advantage_are_left_out_before_the_minibatch_split(policy):
+    """Steps follow signal: a zero-advantage row has no gradient, so it is dropped before the rows are
+    split, and the minibatch count is taken on the learnable rows (3 minibatches asked for, 2
+    learnable rows: 2 steps of one row each, wherever the shuffle puts them)."""
     model, _ = policy
     prompts, responses, _ = _synthetic_rows(model.config.vocab_size, 3, seed=1)
     with torch.no_grad():
         logp, _ = sequence_logprobs(model, prompts, responses, 1.0)
     old = [row[: len(r)].numpy() for row, r in zip(logp, responses)]
-    config = resolve(load_config(overrides=["optim.minibatches=3", "algo.loss=grpo", "algo.kl_coef=0", "engine=hf"]))
+    config = resolve(load_config(overrides=["optim.minibatches=3", "rollout.temperature=1", "optim.minibatch_size=0", "optim.epochs=1", "algo.loss=grpo",
+                                            "algo.kl_coef=0", "engine=hf"]))
     for seed in range(4):
         copy_ = copy.deepcopy(model)
         learner = Learner(copy_, torch.optim.AdamW(copy_.parameters(), lr=0.0), config, np.random.default_rng(seed))
         with Progress(disable=True) as progress:
             metrics = learner.optimize(prompts, responses, old, np.array([0.0, 1.0, -1.0]), progress)
-        assert metrics["update/optimizer_steps"] == 3.0
-        assert metrics["update/active_rows"] == pytest.approx(2 / 3)
+        assert metrics["update/optimizer_steps"] == 2.0 and metrics["update/learnable_rows"] == 2.0
+        assert metrics["update/learnable_fraction"] == pytest.approx(2 / 3)
+        assert metrics["update/active_rows"] == 1.0 and metrics["update/skipped"] == 0.0
         assert metrics["update/ratio_max"] == pytest.approx(1.0, abs=1e-5) and "update/clip_frac" in metrics
+        assert metrics["update/first_step_approx_kl"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_batch_with_no_advantage_takes_no_step(policy):
+    model, _ = policy
+    prompts, responses, _ = _synthetic_rows(model.config.vocab_size, 4, seed=3)
+    config = resolve(load_config(overrides=["algo.loss=grpo", "algo.kl_coef=0", "engine=hf"]))
+    trained = copy.deepcopy(model)
+    optimizer = torch.optim.AdamW(trained.parameters(), lr=1e-2)
+    learner = Learner(trained, optimizer, config, np.random.default_rng(0))
+    old = [np.zeros(len(r), dtype=np.float32) for r in responses]
+    with Progress(disable=True) as progress:
+        metrics = learner.optimize(prompts, responses, old, np.zeros(4), progress)
+    assert metrics == {"update/skipped": 1.0, "update/optimizer_steps": 0.0, "update/learnable_rows": 0.0,
+                       "update/learnable_fraction": 0.0, "update/forwarded_tokens": 0.0}
+    assert learner.steps_taken == 0 and not optimizer.state
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), trained.parameters()))
 
 
 def test_warmup_raises_the_learning_rate_linearly_then_holds_it():
@@ -191,7 +306,7 @@ def test_the_warmup_counts_optimizer_steps_across_updates_and_a_restored_optimiz
     with torch.no_grad():
         logp, _ = sequence_logprobs(model, prompts, responses, 1.0)
     old = [row[: len(r)].numpy() for row, r in zip(logp, responses)]
-    config = resolve(load_config(overrides=["optim.minibatches=2", "optim.lr=1e-3", "optim.warmup_steps=5",
+    config = resolve(load_config(overrides=["optim.minibatches=2", "optim.minibatch_size=0", "optim.epochs=1", "optim.lr=1e-3", "optim.warmup_steps=5",
                                             "algo.loss=grpo", "algo.kl_coef=0", "engine=hf"]))
     trained = copy.deepcopy(model)
     optimizer = torch.optim.AdamW(trained.parameters(), lr=config.optim.lr)

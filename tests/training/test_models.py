@@ -258,7 +258,7 @@ def test_smollm2_trains_one_iteration(smollm2, tmp_path, weights):
         f"policy={SMOLLM2}", "engine=hf", f"trainer.run_dir={tmp_path}", "trainer.iterations=1", "trainer.eval_every=0",
         "trainer.eval_episodes=1", "trainer.eval_sampled=false", "sft.steps=1", "sft.batch_size=2", "sft.episodes=2",
         "env.kwargs={n_rooms: 2, n_locked_doors: 0, dead_ends: 0, extra_edges: 0, n_distractors: 0, max_steps: 2}",
-        "rollout.n_groups=1", "rollout.group_size=2", "rollout.max_turns=2", "optim.micro_batch_size=4",
+        "rollout.n_groups=1", "rollout.group_size=2", "rollout.max_turns=2", "optim.micro_batch_size=4", "optim.minibatch_size=2",
         "logging.console=false", "logging.tensorboard=false", "trainer.recompute_old_logprobs=true",
         *(["policy.lora_rank=8"] if weights == "lora" else []),
     ])

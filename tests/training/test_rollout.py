@@ -222,6 +222,24 @@ def test_dynamic_sampling_stops_at_the_round_cap(policy):
     assert len(batch) == 0 and stats["rounds"] == 3 and stats["dropped_groups"] == 6
 
 
+def test_min_batch_rows_plays_rounds_until_the_batch_is_that_long(policy):
+    _, tokenizer = policy
+    # One-step episodes: 2 groups x 2 = 4 rows a round, so 10 rows take 3 rounds: 12 rows in 6 groups.
+    config = RolloutConfig(n_groups=2, group_size=2, max_turns=2, min_batch_rows=10, max_resample_rounds=5)
+    batch, stats = collect_rollouts(RegisteredEnv("test_rollout/Coin-v0", {}), ScriptedEngine(tokenizer), tokenizer, config,
+                                    np.random.default_rng(0))
+    check_batch_invariants(batch, config)
+    assert stats["rounds"] == 3 and len(batch) == 12 and len(np.unique(batch.group_id)) == 6
+    assert stats["batch_rows"] == 12 and stats["trajectories"] == 12
+    # Two-step episodes fill 8 rows a round: 10 rows take 2 rounds; the round cap bounds it.
+    two_step = RegisteredEnv("test_rollout/Coin-v0", {"steps": 2})
+    batch, stats = collect_rollouts(two_step, ScriptedEngine(tokenizer), tokenizer, config, np.random.default_rng(0))
+    assert stats["rounds"] == 2 and len(batch) == 16
+    capped = RolloutConfig(n_groups=2, group_size=2, max_turns=2, min_batch_rows=100, max_resample_rounds=1)
+    _, stats = collect_rollouts(two_step, ScriptedEngine(tokenizer), tokenizer, capped, np.random.default_rng(0))
+    assert stats["rounds"] == 2 and stats["batch_rows"] == 16
+
+
 def test_an_environment_that_raises_fails_only_its_trajectory(policy):
     _, tokenizer = policy
     kwargs = {"steps": 3, "fail_modulo": 3}  # seed % 3 == 1 raises in reset, seed % 3 == 0 in step 2

@@ -380,3 +380,105 @@ def test_warm_start_runs_the_dagger_round_on_the_engine(policy):
     assert metrics["sft/dagger_pairs"] >= 3 and 0.0 <= metrics["sft/dagger_success_rate"] <= 1.0
     with pytest.raises(ValueError, match="engine"):
         warm_start(clone, tokenizer, COUNTER, config)
+
+
+# ---- the random warm start's stopping rules ------------------------------------------------------
+
+
+def test_demonstrations_split_keeps_pairs_with_their_admissible_actions():
+    demos = Demonstrations([[1], [2], [3], [4]], [[5], [6], [7], [8]], 4, 1, [["a"], ["b"], None, ["d"]])
+    chosen, rest = demos.split(np.array([2, 0]))
+    assert (chosen.prompts, chosen.responses, chosen.admissible) == ([[1], [3]], [[5], [7]], [["a"], None])
+    assert (rest.prompts, rest.admissible, rest.episodes, rest.successes) == ([[2], [4]], [["b"], ["d"]], 4, 1)
+
+
+class _Replies:
+    """An engine that answers every prompt with the next of ``texts``, in turn."""
+
+    def __init__(self, tokenizer, texts):
+        self.tokenizer, self.texts, self.calls = tokenizer, texts, 0
+
+    def generate(self, prompts, n, sampling):
+        from training.engines import Completion
+
+        out = []
+        for _ in prompts:
+            ids = self.tokenizer(self.texts[self.calls % len(self.texts)], add_special_tokens=False)["input_ids"]
+            self.calls += 1
+            out.append([Completion(ids + [self.tokenizer.eos_token_id], [0.0] * (len(ids) + 1), "stop")])
+        return out
+
+    def update_weights(self, model):
+        pass
+
+
+def test_format_accuracy_is_the_share_of_replies_naming_a_listed_action(tokenizer):
+    from training.sft import format_accuracy
+
+    probes = Demonstrations([[1, 2], [1, 3], [1, 4], [1, 5]], [[6]] * 4, 4, 0, [["inc", "dec"]] * 3 + [None])
+    engine = _Replies(tokenizer, ["inc", "jump", "dec", "inc"])
+    # The fourth prompt lists no actions, so nothing it says is admissible: 2 of 4.
+    assert format_accuracy(engine, tokenizer, RolloutConfig(), probes) == 0.5
+
+
+def _random_warm_start_config(*extra):
+    from agent_rl.config import load_config
+
+    return load_config(overrides=[
+        "env.id=usertest/Counter-v0", "env.kwargs={max_target: 3, max_steps: 10}", "sft.mode=random", "sft.steps=200",
+        "sft.episodes=60", "sft.batch_size=4", "rollout.max_turns=4", "logging.console=false", *extra,
+    ])
+
+
+def test_the_random_warm_start_stops_at_the_first_check_that_reaches_the_format_target(policy, monkeypatch):
+    import copy
+
+    import training.sft as sft
+
+    model, tokenizer = policy
+    measured = iter([0.2, 0.6, 0.96, 1.0])
+    seen_probes = []
+
+    def scripted(engine, tokenizer, config, probes):
+        seen_probes.append(len(probes))
+        return next(measured)
+
+    monkeypatch.setattr(sft, "format_accuracy", scripted)
+    metrics = sft.warm_start(copy.deepcopy(model), tokenizer, COUNTER, _random_warm_start_config("sft.format_target=0.95"))
+    # Checks after 25, 50 and 75 steps; the third reaches 0.95.
+    assert metrics["sft/steps_taken"] == 3 * sft.FORMAT_CHECK_EVERY and metrics["sft/format_accuracy"] == 0.96
+    assert seen_probes == [sft.FORMAT_PROBES] * 3
+    # The probes are held out of training: at most 60 episodes x 4 turns were cloned, less the 64 probes.
+    assert 0 < metrics["sft/pairs"] <= 60 * 4 - sft.FORMAT_PROBES
+
+
+def test_the_random_warm_start_clones_every_step_without_a_target_and_stops_at_the_time_bound(policy):
+    import copy
+
+    from training.sft import warm_start
+
+    model, tokenizer = policy
+    full = warm_start(copy.deepcopy(model), tokenizer, COUNTER, _random_warm_start_config("sft.format_target=null", "sft.steps=30"))
+    assert full["sft/steps_taken"] == 30 and "sft/format_accuracy" not in full
+    bounded = warm_start(copy.deepcopy(model), tokenizer, COUNTER, _random_warm_start_config("sft.max_seconds=1e-9"))
+    assert bounded["sft/steps_taken"] == 1  # the bound is checked after every step
+
+
+def test_a_small_demonstration_set_holds_out_half_of_its_pairs(policy, monkeypatch):
+    import copy
+
+    import training.sft as sft
+
+    model, tokenizer = policy
+    seen_probes = []
+
+    def scripted(engine, tokenizer, config, probes):
+        seen_probes.append(len(probes))
+        return 1.0
+
+    monkeypatch.setattr(sft, "format_accuracy", scripted)
+    metrics = sft.warm_start(copy.deepcopy(model), tokenizer, COUNTER, _random_warm_start_config("sft.episodes=2"))
+    # 2 episodes of up to 4 turns: n pairs, n // 2 of them probes, the rest cloned.
+    n = seen_probes[0] + metrics["sft/pairs"]
+    assert 2 <= n <= 8 and seen_probes[0] == n // 2
+    assert metrics["sft/steps_taken"] == sft.FORMAT_CHECK_EVERY

@@ -34,7 +34,8 @@ def tiny_overrides(run_dir: Path, *extra: str) -> list[str]:
         "trainer.eval_episodes=2", "trainer.eval_sampled=false", "trainer.target_success=null",
         "rollout.n_groups=2", "rollout.group_size=2", "rollout.max_turns=3", "rollout.history_turns=1",
         "rollout.max_new_tokens=8", "sft.steps=2", "sft.episodes=2", "sft.batch_size=4",
-        "optim.micro_batch_size=4", "logging.console=false", "algo.kl_coef=0", *extra,
+        "optim.micro_batch_size=4", "optim.minibatch_size=2", "rollout.min_batch_rows=0", "logging.console=false",
+        "algo.kl_coef=0", *extra,
     ]
 
 
@@ -321,9 +322,11 @@ def test_learning_is_real_on_a_tiny_maze(tmp_path, small_policy_dir):
         "rollout.max_new_tokens=8", "sft.mode=random", "sft.steps=300", "sft.episodes=32", "sft.batch_size=16", "sft.lr=3e-3",
         "sft.lr_schedule=constant",
         "optim.lr=1e-3", "algo=gigpo", "algo.kl_coef=0", "logging.console=false", "logging.tensorboard=false",
-        # The learner it was calibrated with: std-normalized GiGPO, one step per batch, gamma 0.95, no penalty.
-        "algo.advantage=grpo", "algo.step_normalize=mean_std", "optim.minibatches=1", "algo.gamma=0.95",
-        "algo.invalid_penalty=0",
+        # The learner it was calibrated with: std-normalized GiGPO, one step per batch of all rows, gamma
+        # 0.95, no penalty, full-weight negative advantages, every turn alike, temperature 1, no warmup.
+        "algo.advantage=grpo", "algo.step_normalize=mean_std", "optim.minibatches=1", "optim.minibatch_size=0",
+        "optim.epochs=1", "optim.warmup_steps=0", "algo.gamma=0.95", "algo.invalid_penalty=0", "algo.negative_weight=1",
+        "algo.row_weight=turn", "rollout.temperature=1", "rollout.min_batch_rows=0",
     ]
     config = load_config(overrides=overrides)
     train(config)

@@ -1,0 +1,421 @@
+"""What RL adds: held-out success before and after the RL phase, per case and seed.
+
+Every case trains the embedded model with the embedded defaults on one environment (only what the
+case is about is overridden: the environment, and the warm start where the case names one). Each
+(case, seed) is one ``agent-rl train`` run: its iteration 0 is the warm start, evaluated on 128
+held-out episodes greedily and sampled at the rollout temperature, then the RL iterations, evaluated
+the same way every ``eval_every`` iterations, with no early stop. The RL lift of a run is its final
+success minus its iteration-0 success (the same run, the same held-out episodes), in points.
+
+    python -m benchmarks.lift                 # every case on 5 seeds (hours)
+    python -m benchmarks.lift --quick         # two tiny cases on 2 seeds, for the tests (a minute)
+    agent-rl bench lift [--cases bandit,maze-clone] [--seeds 5] [--workers 2] [--engine auto] [--out DIR] [--report]
+    agent-rl bench lift --cases bandit --set optim.lr=1e-4 algo.negative_weight=1 --out DIR   # other settings
+
+Runs go ``--workers`` at a time, one torch thread each; finished runs are skipped on a rerun and a
+run killed midway resumes from its last checkpoint. ``--report`` summarizes the finished runs and
+trains nothing. Outputs under ``--out`` (default ``benchmarks/results/lift``): per run
+``runs/<case>/seed<k>/`` (``metrics.jsonl``, ``config.yaml``; checkpoints are not committed),
+``summary.json``, ``summary.md``, ``curves.png`` and ``lifts.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.common import RESULTS_DIR, machine_info
+from benchmarks.paired_stats import mean_interval, paired_difference
+
+OUT_DIR = RESULTS_DIR / "lift"
+REACH = 0.95
+"""Greedy success the one-step cases must reach."""
+
+
+@dataclass(frozen=True)
+class Goal:
+    """What a case must show: ``reach`` (greedy success >= ``value`` by the last iteration on every
+    seed), ``lift`` (greedy lift >= ``value`` points on every seed) or ``hold`` (mean greedy lift over
+    the seeds >= ``value`` points)."""
+
+    kind: str
+    value: float
+
+    def describe(self) -> str:
+        return {
+            "reach": f"greedy success >= {self.value:.0%} on every seed",
+            "lift": f"greedy lift >= {self.value:+.0f} points on every seed",
+            "hold": f"mean greedy lift >= {self.value:+.0f} points",
+        }[self.kind]
+
+    def met(self, finals: list[float], lifts: list[float]) -> bool:
+        if self.kind == "reach":
+            return min(finals) >= self.value
+        if self.kind == "lift":
+            return min(lifts) >= self.value
+        return float(np.mean(lifts)) >= self.value
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    description: str
+    overrides: tuple[str, ...]
+    """Config overrides on top of the embedded defaults."""
+    iterations: int
+    eval_every: int
+    goal: Goal
+
+
+CASES = (
+    Case("say", "the README quickstart's SayTheNumber (say the number 1-3 you are shown; random play wins 1/3)",
+         ("env.id=benchmarks.lift_envs:lift/SayTheNumber-v0",), 10, 2, Goal("reach", REACH)),
+    Case("bandit", "a one-step bandit: 8 signs, each opening one of 4 doors by a table the text never shows (random play wins 1/4)",
+         ("env.id=benchmarks.lift_envs:lift/Bandit-v0",), 10, 2, Goal("reach", REACH)),
+    Case("maze-random", "the main job's Maze with no oracle: a random-action warm start",
+         ("sft.mode=random",), 30, 5, Goal("lift", 30.0)),
+    # 150 cloning steps gave a clone that wins 0.8% greedily, 250 one that wins 70.3% (seed 0,
+    # benchmarks/results/lift_pilots/maze_weak_clone/); 200 aims between.
+    Case("maze-clone", "the main job's Maze from a short oracle clone (200 cloning steps)",
+         ("sft.steps=200",), 30, 5, Goal("lift", 30.0)),
+    Case("sokoban", "Sokoban (6x6, one box, 20 steps) from a random-action warm start",
+         ("env.id=agent_rl/Sokoban-v0", "env.kwargs={width: 6, height: 6, n_boxes: 1, reverse_steps: 20, max_steps: 20}",
+          "sft.mode=random"), 30, 5, Goal("lift", 30.0)),
+    Case("frozenlake", "TextArena FrozenLake-v0 (third-party, 4x4, 3 holes) from a random-action warm start",
+         ("env.id=textarena/FrozenLake-v0", "sft.mode=random"), 30, 5, Goal("lift", 30.0)),
+    Case("maze-hold", "the main job's Maze from a clone that already wins about 95% (1,200 cloning steps on 4,000 episodes)",
+         ("sft.steps=1200", "sft.episodes=4000"), 20, 5, Goal("hold", -2.0)),
+)
+QUICK_CASES = (
+    Case("say", "SayTheNumber, tiny sizes (a smoke test)",
+         ("env.id=benchmarks.lift_envs:lift/SayTheNumber-v0", "sft.steps=25", "sft.episodes=160", "rollout.min_batch_rows=64",
+          "trainer.eval_episodes=8"), 2, 1, Goal("reach", REACH)),
+    Case("bandit", "the bandit, tiny sizes (a smoke test)",
+         ("env.id=benchmarks.lift_envs:lift/Bandit-v0", "sft.steps=25", "sft.episodes=160", "rollout.min_batch_rows=64",
+          "trainer.eval_episodes=8"), 2, 1, Goal("reach", REACH)),
+)
+SEEDS, QUICK_SEEDS = 5, 2
+RANDOM_PLAY_EPISODES = 512
+
+COMMON = (
+    "trainer.torch_threads=1", "trainer.target_success=null", "trainer.eval_sampled=true", "trainer.eval_episodes=128",
+    "logging.tensorboard=false", "logging.console=false",
+)
+"""Every run: one torch thread (runs go --workers at a time), no early stop, greedy and sampled
+evaluation on 128 held-out episodes (a case may shrink them)."""
+
+
+# ---- runs -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Run:
+    case: Case
+    seed: int
+    run_dir: Path
+    settings: tuple[str, ...] = ()
+    """Overrides on top of the case's (``--set``)."""
+
+    @property
+    def done(self) -> bool:
+        return (self.run_dir / "DONE").exists()
+
+    def command(self, engine: str) -> list[str]:
+        checkpoints = self.run_dir / "checkpoints"
+        resume = ["--resume", str(self.run_dir)] if checkpoints.is_dir() and any(checkpoints.iterdir()) else []
+        return [sys.executable, "-m", "agent_rl.cli", "train", *resume, *COMMON, f"engine={engine}", *self.case.overrides,
+                *self.settings, f"trainer.iterations={self.case.iterations}", f"trainer.eval_every={self.case.eval_every}",
+                f"trainer.seed={self.seed}", f"trainer.run_dir={self.run_dir}"]
+
+
+def seeds_present(out: Path, case: Case) -> int:
+    """One more than the highest ``seed<k>`` directory of ``case`` under ``out`` (0 when none)."""
+    found = [int(p.name[4:]) for p in (out / "runs" / case.name).glob("seed*") if p.name[4:].isdigit()]
+    return max(found, default=-1) + 1
+
+
+def plan(cases: tuple[Case, ...], seeds: int, out: Path, settings: tuple[str, ...] = ()) -> list[Run]:
+    return [Run(case, seed, out / "runs" / case.name / f"seed{seed}", settings) for case in cases for seed in range(seeds)]
+
+
+def run_all(runs: list[Run], *, workers: int, engine: str, progress) -> None:
+    """Train every run not done yet, ``workers`` at a time; a failed run stops the others."""
+    from training.logger import read_metrics
+
+    pending = [run for run in runs if not run.done]
+    overall = progress.add_task("lift (iterations of all runs)", total=sum(r.case.iterations + 1 for r in runs))
+    progress.advance(overall, sum(r.case.iterations + 1 for r in runs if r.done))
+    running: list[tuple[Run, subprocess.Popen, Any]] = []
+    while pending or running:
+        while pending and len(running) < workers:
+            run = pending.pop(0)
+            run.run_dir.mkdir(parents=True, exist_ok=True)
+            with (run.run_dir / "train.log").open("a") as log:
+                process = subprocess.Popen(run.command(engine), stdout=log, stderr=subprocess.STDOUT,
+                                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+            running.append((run, process, progress.add_task(f"  {run.case.name} seed {run.seed}", total=run.case.iterations + 1)))
+        time.sleep(1.0)
+        for entry in list(running):
+            run, process, task = entry
+            progress.update(task, completed=len(read_metrics(run.run_dir)) if (run.run_dir / "metrics.jsonl").exists() else 0)
+            code = process.poll()
+            if code is None:
+                continue
+            if code != 0:
+                for _, other, _ in running:
+                    other.terminate()
+                raise RuntimeError(f"{run.case.name} seed {run.seed} failed (exit code {code}); its log: {run.run_dir / 'train.log'}")
+            (run.run_dir / "DONE").touch()
+            progress.advance(overall, run.case.iterations + 1)
+            progress.remove_task(task)
+            running.remove(entry)
+
+
+# ---- summaries -----------------------------------------------------------------------------------------
+
+
+def run_summary(records: list[dict]) -> dict[str, Any]:
+    """Curves, start, end, lifts and times of one finished run (success as fractions, lifts in points)."""
+    evals = [r for r in records if r.get("eval/greedy_success") is not None]
+    if not evals or evals[0]["iteration"] != 0:
+        raise ValueError("a run needs its iteration-0 evaluation")
+    greedy = [float(r["eval/greedy_success"]) for r in evals]
+    sampled = [float(r.get("eval/sampled_success", np.nan)) for r in evals]
+    first = records[0]
+    reached = next((r["iteration"] for r in evals if r["eval/greedy_success"] >= REACH), None)
+    return {
+        "iterations": [r["iteration"] for r in evals],
+        "elapsed_s": [float(r["time/elapsed"]) for r in evals],
+        "greedy_success": greedy,
+        "sampled_success": sampled,
+        "greedy_lift": 100.0 * (greedy[-1] - greedy[0]),
+        "sampled_lift": 100.0 * (sampled[-1] - sampled[0]),
+        "first_iteration_at_95_greedy": reached,
+        "warm_start_s": float(first["time/elapsed"]) - float(first.get("time/eval") or 0.0),
+        "total_s": float(records[-1]["time/elapsed"]),
+        "warm_start": {k: v for k, v in first.items() if k.startswith("sft/")},
+        "training_success": [float(r["rollout/success_rate"]) for r in records if r.get("rollout/success_rate") is not None],
+        "training_invalid_rate": [float(r["rollout/invalid_rate"]) for r in records if r.get("rollout/invalid_rate") is not None],
+    }
+
+
+def random_play_success(case: Case, episodes: int = RANDOM_PLAY_EPISODES) -> float | None:
+    """Success of uniformly random admissible actions on the case's held-out seeds (None where the
+    environment lists no admissible actions)."""
+    from agent_rl.config import load_config
+    from training.envpool import env_factory
+    from training.evaluation import eval_seeds
+    from training.policy import load_policy
+    from training.sft import collect_demonstrations
+
+    config = load_config(overrides=list(case.overrides))
+    _, tokenizer = load_policy("embedded")
+    try:
+        demos = collect_demonstrations(env_factory(config), tokenizer, config.rollout, mode="random",
+                                       seeds=eval_seeds(episodes), rng=np.random.default_rng(0))
+    except ValueError:
+        return None
+    return demos.successes / demos.episodes
+
+
+def case_summary(case: Case, runs: list[dict[str, Any]], random_play: float | None) -> dict[str, Any]:
+    lifts = [r["greedy_lift"] for r in runs]
+    finals = [r["greedy_success"][-1] for r in runs]
+
+    def interval(values: list[float]) -> dict[str, float]:
+        mean, half = mean_interval(np.asarray(values))
+        return {"mean": mean, "ci_low": mean - half, "ci_high": mean + half}
+
+    return {
+        "case": case.name, "description": case.description, "overrides": list(case.overrides), "iterations": case.iterations,
+        "eval_every": case.eval_every, "goal": case.goal.describe(),
+        "goal_met": case.goal.met(finals, lifts) if len(runs) >= SEEDS else None,  # judged on the full seed count only
+        "seeds": len(runs), "random_play_success": random_play,
+        "start_greedy": interval([r["greedy_success"][0] for r in runs]),
+        "final_greedy": interval(finals),
+        "greedy_lift": interval(lifts),
+        "start_sampled": interval([r["sampled_success"][0] for r in runs]),
+        "final_sampled": interval([r["sampled_success"][-1] for r in runs]),
+        "sampled_lift": interval([r["sampled_lift"] for r in runs]),
+        "total_s": interval([r["total_s"] for r in runs]),
+        "warm_start_s": interval([r["warm_start_s"] for r in runs]),
+        "runs": runs,
+    }
+
+
+def summarize(runs: list[Run], random_play: dict[str, float | None], settings: tuple[str, ...] = ()) -> dict[str, Any]:
+    from training.logger import read_metrics
+
+    cases: dict[str, list[dict[str, Any]]] = {}
+    by_name = {}
+    for run in runs:
+        if run.done:
+            cases.setdefault(run.case.name, []).append({"seed": run.seed, **run_summary(read_metrics(run.run_dir))})
+            by_name[run.case.name] = run.case
+    return {"machine": machine_info(), "settings": list(settings),
+            "cases": [case_summary(by_name[name], results, random_play.get(name)) for name, results in cases.items()]}
+
+
+def compare(summary: dict[str, Any], baseline: dict[str, Any], baseline_path: Path) -> None:
+    """Add to each case of ``summary`` that ``baseline`` (another ``--out``'s summary) also ran its
+    paired difference on the seeds both hold: final greedy success and greedy lift, in points."""
+    for case in summary["cases"]:
+        other = next((c for c in baseline["cases"] if c["case"] == case["case"]), None)
+        if other is None:
+            continue
+        theirs = {r["seed"]: r for r in other["runs"]}
+        pairs = [(r, theirs[r["seed"]]) for r in case["runs"] if r["seed"] in theirs]
+        if len(pairs) < 2:
+            continue
+        case["vs_baseline"] = {
+            "baseline": str(baseline_path), "baseline_settings": baseline.get("settings", []), "seeds": [r["seed"] for r, _ in pairs],
+            "final_greedy_points": asdict(paired_difference(np.array([100 * r["greedy_success"][-1] for r, _ in pairs]),
+                                                            np.array([100 * b["greedy_success"][-1] for _, b in pairs]))),
+            "greedy_lift_points": asdict(paired_difference(np.array([r["greedy_lift"] for r, _ in pairs]),
+                                                           np.array([b["greedy_lift"] for _, b in pairs]))),
+        }
+
+
+def _verdict(met: bool | None) -> str:
+    return f"not judged (fewer than {SEEDS} seeds)" if met is None else ("yes" if met else "no")
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def write_markdown(summary: dict[str, Any], path: Path) -> None:
+    lines = ["# What RL adds (`agent-rl bench lift`)", "",
+             "Held-out success on 128 episodes at iteration 0 (the warm start) and at the last iteration; lift = last - start, "
+             "in points, per seed; mean with a 95% t-interval over seeds.", "",
+             "| case | seeds | random play | greedy start -> end | greedy lift | sampled start -> end | sampled lift | minutes per run | goal | met |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for c in summary["cases"]:
+        g, s = c["greedy_lift"], c["sampled_lift"]
+        lines.append(
+            f"| {c['case']} | {c['seeds']} | {_pct(c['random_play_success'])} | {_pct(c['start_greedy']['mean'])} -> "
+            f"{_pct(c['final_greedy']['mean'])} | {g['mean']:+.1f} [{g['ci_low']:+.1f}, {g['ci_high']:+.1f}] | "
+            f"{_pct(c['start_sampled']['mean'])} -> {_pct(c['final_sampled']['mean'])} | {s['mean']:+.1f} [{s['ci_low']:+.1f}, "
+            f"{s['ci_high']:+.1f}] | {c['total_s']['mean'] / 60:.1f} | {c['goal']} | {_verdict(c['goal_met'])} |")
+    if summary.get("settings"):
+        lines += ["", f"Settings on top of the embedded defaults: `{' '.join(summary['settings'])}`."]
+    for c in (c for c in summary["cases"] if "vs_baseline" in c):
+        d = c["vs_baseline"]["final_greedy_points"]
+        lines += ["", f"{c['case']} against `{c['vs_baseline']['baseline']}` (paired on seeds {c['vs_baseline']['seeds']}): final greedy "
+                  f"success {d['mean']:+.1f} points [{d['ci_low']:+.1f}, {d['ci_high']:+.1f}], {d['wins']} wins, {d['losses']} losses, "
+                  f"Wilcoxon p = {d['wilcoxon_p']:.3f}."]
+    lines += ["", "Per seed (greedy success at each evaluation, %; lift in points; minutes):", ""]
+    for c in summary["cases"]:
+        lines.append(f"**{c['case']}**: {c['description']}; {c['iterations']} iterations, evaluated every {c['eval_every']}.")
+        lines.append("")
+        for r in c["runs"]:
+            curve = ", ".join(f"{100 * v:.1f}" for v in r["greedy_success"])
+            lines.append(f"- seed {r['seed']}: {curve} (lift {r['greedy_lift']:+.1f}; sampled {r['sampled_lift']:+.1f}; "
+                         f"warm start {r['warm_start_s'] / 60:.1f} of {r['total_s'] / 60:.1f} min)")
+        lines.append("")
+    path.write_text("\n".join(lines))
+
+
+def plot(summary: dict[str, Any], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = summary["cases"]
+    fig, axes = plt.subplots(1, len(cases), figsize=(3.2 * len(cases), 3.2), squeeze=False)
+    for ax, c in zip(axes[0], cases):
+        for r in c["runs"]:
+            ax.plot(r["iterations"], r["greedy_success"], color="C0", alpha=0.5, lw=1)
+            ax.plot(r["iterations"], r["sampled_success"], color="C1", alpha=0.5, lw=1, ls="--")
+        ax.set_title(c["case"], fontsize=9)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel("iteration")
+    axes[0][0].set_ylabel("held-out success (greedy solid, sampled dashed)")
+    fig.tight_layout()
+    fig.savefig(out / "curves.png", dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(1.2 * len(cases) + 2, 3.2))
+    for i, c in enumerate(cases):
+        lifts = [r["greedy_lift"] for r in c["runs"]]
+        ax.scatter([i] * len(lifts), lifts, color="C0", zorder=3)
+        ax.errorbar(i + 0.15, c["greedy_lift"]["mean"], yerr=[[c["greedy_lift"]["mean"] - c["greedy_lift"]["ci_low"]],
+                    [c["greedy_lift"]["ci_high"] - c["greedy_lift"]["mean"]]], fmt="s", color="k", capsize=3)
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xticks(range(len(cases)), [c["case"] for c in cases], rotation=30, fontsize=8)
+    ax.set_ylabel("greedy RL lift (points)")
+    fig.tight_layout()
+    fig.savefig(out / "lifts.png", dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from agent_rl.config import ConfigError, load_config
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="two tiny cases on 2 seeds (a smoke test)")
+    parser.add_argument("--cases", help="comma-separated case names (default: all)")
+    parser.add_argument("--seeds", type=int, help=f"seeds per case (default {SEEDS}; {QUICK_SEEDS} with --quick)")
+    parser.add_argument("--workers", type=int, default=2, help="runs at a time (default 2)")
+    parser.add_argument("--engine", default="auto", choices=("auto", "hf", "vllm"), help="engine of every run")
+    parser.add_argument("--out", type=Path, default=OUT_DIR, help=f"results directory (default {OUT_DIR})")
+    parser.add_argument("--report", action="store_true", help="summarize the finished runs; train nothing")
+    parser.add_argument("--baseline", type=Path, help="another --out whose summary.json to compare with, paired by seed")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="config overrides on top of every case's (compare other settings in another --out)")
+    args = parser.parse_args(argv)
+    every_case = cases = QUICK_CASES if args.quick else CASES
+    if args.cases:
+        known = {c.name: c for c in cases}
+        unknown = [n for n in args.cases.split(",") if n not in known]
+        if unknown:
+            parser.error(f"unknown case(s) {unknown}; choose from {list(known)}")
+        cases = tuple(known[n] for n in args.cases.split(","))
+    seeds = args.seeds or (QUICK_SEEDS if args.quick else SEEDS)
+    if seeds < 2:
+        parser.error("--seeds must be at least 2 (lifts get an interval over seeds)")
+    settings = tuple(args.set)
+    try:
+        for case in cases:  # a bad key or value fails here, before any run starts
+            load_config(overrides=[*COMMON, *case.overrides, *settings])
+    except ConfigError as exc:
+        parser.error(str(exc))
+    runs = plan(cases, seeds, args.out, settings)
+    if not args.report:
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns) as progress:
+            try:
+                run_all(runs, workers=args.workers, engine=args.engine, progress=progress)
+            except RuntimeError as exc:
+                print(f"lift: error: {exc}", file=sys.stderr)
+                return 1
+    # The summary covers every finished run under --out, whichever cases and seeds this call named.
+    finished = [run for case in every_case for run in plan((case,), seeds_present(args.out, case), args.out, settings) if run.done]
+    random_play = {name: random_play_success(case) for name, case in {run.case.name: run.case for run in finished}.items()}
+    summary = summarize(finished, random_play, settings)
+    if not summary["cases"]:
+        print("lift: no finished runs to report", file=sys.stderr)
+        return 1
+    if args.baseline:
+        compare(summary, json.loads((args.baseline / "summary.json").read_text()), args.baseline)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    write_markdown(summary, args.out / "summary.md")
+    plot(summary, args.out)
+    print((args.out / "summary.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""The user environments of ``agent-rl bench lift``: plain Gymnasium envs with text spaces, no oracle,
+written the way a user writes one (no ``envs.TextEnv`` base class), registered under ``lift/``.
+
+- ``lift/SayTheNumber-v0``: the README quickstart's environment: say the number (1-3) you are shown.
+  Random play wins 1/3; the answer can be copied from the observation.
+- ``lift/Bandit-v0``: a one-step contextual bandit. The observation names one of 8 signs; each sign
+  opens one of 4 doors by a fixed table that nothing in the text reveals, so the answer cannot be
+  copied: it must be learned from rewards. Random play wins 1/4.
+
+    agent-rl train env.id=benchmarks.lift_envs:lift/Bandit-v0
+"""
+
+from __future__ import annotations
+
+import string
+
+import gymnasium as gym
+
+SIGNS = ("red", "blue", "green", "gold", "star", "moon", "tree", "fish")
+DOORS = ("A", "B", "C", "D")
+DOOR_OF_SIGN = dict(zip(SIGNS, ("C", "A", "D", "B", "B", "D", "A", "C")))
+"""The fixed table: every door opens for two signs."""
+
+
+class SayTheNumber(gym.Env):
+    """Say the number you are shown (the README quickstart's environment)."""
+
+    observation_space = action_space = gym.spaces.Text(16)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.number = str(self.np_random.integers(1, 4))
+        return self.number, {"task": "Say the number you are shown.", "admissible_actions": ["1", "2", "3"]}
+
+    def step(self, action):
+        won = action == self.number
+        return "right" if won else "wrong", float(won), True, False, {"won": won, "admissible_actions": ["1", "2", "3"]}
+
+
+class Bandit(gym.Env):
+    """One step: the observation names a sign, and the door it opens must be named."""
+
+    observation_space = action_space = gym.spaces.Text(64, charset=string.printable)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.sign = SIGNS[int(self.np_random.integers(len(SIGNS)))]
+        info = {"task": "Each sign opens one door. Name the door.", "admissible_actions": list(DOORS)}
+        return f"The sign shows {self.sign}.", info
+
+    def step(self, action):
+        valid = action in DOORS
+        won = action == DOOR_OF_SIGN[self.sign]
+        observation = "The door opens." if won else ("The door stays shut." if valid else "There is no such door.")
+        return observation, float(won), True, False, {"won": won, "action_valid": valid, "admissible_actions": list(DOORS)}
+
+
+gym.register("lift/SayTheNumber-v0", entry_point=SayTheNumber)
+gym.register("lift/Bandit-v0", entry_point=Bandit)

@@ -1,0 +1,91 @@
+"""``agent-rl bench lift`` (benchmarks/lift.py): goals and run summaries by hand, the user
+environments it trains on, and a --quick run end to end (runs, summary, plots, rerun and report)."""
+
+from __future__ import annotations
+
+import json
+
+import gymnasium as gym
+import pytest
+
+from benchmarks import lift
+from benchmarks.lift_envs import DOOR_OF_SIGN, DOORS
+from envs import check_text_env
+
+
+def test_goals_by_hand():
+    reach, gain, hold = lift.Goal("reach", 0.95), lift.Goal("lift", 30.0), lift.Goal("hold", -2.0)
+    assert reach.met([0.95, 1.0], [10.0, 0.0]) and not reach.met([0.94, 1.0], [90.0, 90.0])
+    assert gain.met([0.5, 0.6], [30.0, 45.0]) and not gain.met([0.9, 0.9], [29.9, 80.0])
+    assert hold.met([0.9, 0.9], [-3.0, 0.0]) and not hold.met([0.9, 0.9], [-3.0, -1.5])
+
+
+def test_run_summary_by_hand():
+    records = [
+        {"iteration": 0, "time/elapsed": 12.0, "time/eval": 2.0, "eval/greedy_success": 0.25, "eval/sampled_success": 0.5,
+         "sft/steps_taken": 25.0},
+        {"iteration": 1, "time/elapsed": 20.0, "rollout/success_rate": 0.3, "rollout/invalid_rate": 0.1},
+        {"iteration": 2, "time/elapsed": 30.0, "eval/greedy_success": 1.0, "eval/sampled_success": 0.75,
+         "rollout/success_rate": 0.6, "rollout/invalid_rate": 0.0},
+    ]
+    summary = lift.run_summary(records)
+    assert summary["iterations"] == [0, 2] and summary["greedy_success"] == [0.25, 1.0]
+    assert summary["greedy_lift"] == pytest.approx(75.0) and summary["sampled_lift"] == pytest.approx(25.0)
+    assert summary["first_iteration_at_95_greedy"] == 2
+    assert summary["warm_start_s"] == 10.0 and summary["total_s"] == 30.0 and summary["warm_start"] == {"sft/steps_taken": 25.0}
+    assert summary["training_success"] == [0.3, 0.6] and summary["training_invalid_rate"] == [0.1, 0.0]
+    with pytest.raises(ValueError, match="iteration-0"):
+        lift.run_summary(records[1:])
+
+
+def test_the_bandit_answer_is_a_table_the_text_never_shows():
+    env = gym.make("lift/Bandit-v0")
+    check_text_env(env)
+    assert sorted(DOOR_OF_SIGN.values()) == sorted(DOORS * 2)  # every door opens for two signs
+    for seed in range(16):
+        observation, info = env.reset(seed=seed)
+        sign = observation.split()[-1].rstrip(".")
+        assert not any(door in observation.split() for door in DOORS) and info["admissible_actions"] == list(DOORS)
+        _, reward, terminated, _, step_info = env.step(DOOR_OF_SIGN[sign])
+        assert reward == 1.0 and terminated and step_info["won"]
+    env.reset(seed=0)
+    assert env.step("Z")[4]["action_valid"] is False
+
+
+def test_every_case_is_a_valid_config():
+    from agent_rl.config import load_config
+
+    for case in (*lift.CASES, *lift.QUICK_CASES):
+        config = load_config(overrides=[*lift.COMMON, *case.overrides, f"trainer.iterations={case.iterations}"])
+        assert config.trainer.target_success is None
+
+
+@pytest.mark.slow
+def test_quick_run_writes_curves_lifts_and_reports_again_without_training(tmp_path, capsys):
+    assert lift.main(["--quick", "--out", str(tmp_path), "--engine", "hf"]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [c["case"] for c in summary["cases"]] == ["say", "bandit"]
+    for case in summary["cases"]:
+        assert case["seeds"] == 2 and len(case["runs"]) == 2
+        assert case["random_play_success"] is not None and 0 < case["random_play_success"] < 1
+        for run in case["runs"]:
+            assert run["iterations"] == [0, 1, 2]
+            assert run["greedy_lift"] == pytest.approx(100 * (run["greedy_success"][-1] - run["greedy_success"][0]))
+        mean = case["greedy_lift"]["mean"]
+        assert case["greedy_lift"]["ci_low"] <= mean <= case["greedy_lift"]["ci_high"]
+    assert (tmp_path / "curves.png").stat().st_size > 0 and (tmp_path / "lifts.png").stat().st_size > 0
+    assert "| say | 2 |" in (tmp_path / "summary.md").read_text()
+    done = sorted(p.stat().st_mtime_ns for p in tmp_path.glob("runs/*/*/metrics.jsonl"))
+    assert lift.main(["--quick", "--out", str(tmp_path), "--report"]) == 0  # trains nothing
+    assert sorted(p.stat().st_mtime_ns for p in tmp_path.glob("runs/*/*/metrics.jsonl")) == done
+    assert lift.main(["--quick", "--out", str(tmp_path), "--report", "--baseline", str(tmp_path)]) == 0
+    against_itself = json.loads((tmp_path / "summary.json").read_text())["cases"][0]["vs_baseline"]
+    assert against_itself["seeds"] == [0, 1] and against_itself["final_greedy_points"]["mean"] == 0.0
+    assert lift.main(["--quick", "--out", str(tmp_path / "empty"), "--report"]) == 1
+    assert "no finished runs" in capsys.readouterr().err
+
+
+def test_bad_settings_fail_before_any_run(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        lift.main(["--quick", "--out", str(tmp_path), "--set", "optim.lr=-1"])
+    assert "optim.lr" in capsys.readouterr().err and not (tmp_path / "runs").exists()
