@@ -248,8 +248,7 @@ def _default_rollout() -> RolloutConfig:
     # The main-job recipe: 8 groups x 8 trajectories, the last turn in the prompt (without it a greedy
     # reactive policy walks back and forth), and room for the longest Maze action (9 tokens + EOS with
     # the embedded tokenizer); at least 256 rows, so one-step environments play 4 rounds; temperature
-    # 0.7, at which a weak clone's samples stay mostly valid (at 1.0 a 70% Maze clone played 59%
-    # invalid rows).
+    # 0.7, so samples stay closer to the greedy policy that is evaluated.
     return RolloutConfig(n_groups=8, group_size=8, max_turns=20, history_turns=1, max_new_tokens=12, min_batch_rows=256,
                          temperature=0.7)
 
