@@ -228,6 +228,13 @@ def plan_micro_batches(prompts: list[np.ndarray], responses: list[np.ndarray], r
     return [rows[batch] for batch in (length_plan, cluster_plan)[int(np.argmin(costs))]]
 
 
+def learnable_rows(responses: list[np.ndarray], advantages: np.ndarray, kl_on: bool) -> np.ndarray:
+    """Indices of the rows with a gradient: a response token and a non-zero advantage (any advantage
+    with a KL term, which pulls every row towards the reference)."""
+    lengths = np.array([len(r) for r in responses], dtype=np.int64)
+    return np.flatnonzero(((np.asarray(advantages) != 0) | kl_on) & (lengths > 0))
+
+
 def merge_repeated_rows(prompts: list[np.ndarray], responses: list[np.ndarray], rows: np.ndarray,
                         advantages: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(representatives, advantages, counts)``: one row for each group of ``rows`` with the same
@@ -282,7 +289,7 @@ def accumulate_policy_gradient(
         raise ValueError("loss_agg 'seq_mean_token_sum_norm' needs a fixed norm_length")
     num_tokens = float(lengths.sum())
     num_rows = float((lengths > 0).sum() if loss_kwargs["loss_agg"] == "seq_mean_token_mean" else len(lengths))
-    learnable = np.flatnonzero(((advantages != 0) | kl_on) & (lengths > 0))
+    learnable = learnable_rows(responses, advantages, kl_on)
     merged, counts = np.asarray(advantages, dtype=np.float64).copy(), np.ones(len(advantages), dtype=np.int64)
     active = learnable
     if not kl_on:  # a KL term is not linear in the advantage: repeated rows then go one by one
@@ -411,9 +418,7 @@ class Learner:
         policy as far as one with hundreds. A batch with no learnable row takes no step
         (``update/skipped``)."""
         optim = self.config.optim
-        kl_on = self.loss_kwargs.get("kl_coef", 0.0) > 0
-        lengths = np.array([len(r) for r in responses])
-        learnable = np.flatnonzero(((advantages != 0) | kl_on) & (lengths > 0))
+        learnable = learnable_rows(responses, advantages, self.loss_kwargs.get("kl_coef", 0.0) > 0)
         if len(learnable) == 0:
             return {"update/skipped": 1.0, "update/optimizer_steps": 0.0, "update/learnable_rows": 0.0,
                     "update/learnable_fraction": 0.0, "update/forwarded_tokens": 0.0}
