@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 
@@ -30,7 +31,37 @@ def _report_errors(run):
         return 2
 
 
-def _launch_learners(args: argparse.Namespace, run_dir: str) -> int:
+class _Stopped(KeyboardInterrupt):
+    """SIGTERM, raised the way SIGINT raises KeyboardInterrupt, so a run stops the same way on either."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, frame) -> None:
+    signal.signal(signum, signal.SIG_IGN)  # a scheduler's repeated SIGTERMs must not interrupt the cleanup
+    raise _Stopped(signum)
+
+
+def _stopped(exc: KeyboardInterrupt, run_dir: str | None) -> int:
+    """Say what was saved and how to go on (rank 0 only); returns the conventional status, 128 + signal."""
+    import os
+
+    from training.checkpoint import resume_command, saved_iteration
+
+    signum = getattr(exc, "signum", signal.SIGINT)
+    if os.environ.get("RANK", "0") == "0":
+        saved = saved_iteration(run_dir) if run_dir else None
+        if saved is None:
+            where = "no checkpoint was saved yet; run the same command again to start over"
+        else:
+            where = f"the last checkpoint is iteration {saved}; continue with: {resume_command(run_dir)}"
+        print(f"agent-rl: stopped by {signal.Signals(signum).name}: {where}", file=sys.stderr, flush=True)
+    return 128 + signum
+
+
+def _launch_learners(args: argparse.Namespace, run_dir: str | None) -> int:
     """Re-run this ``train`` command as ``args.nproc`` learner processes under torchrun."""
     import os
     import subprocess
@@ -39,9 +70,17 @@ def _launch_learners(args: argparse.Namespace, run_dir: str) -> int:
                "-m", "agent_rl.cli", "train"]
     command += ["--config", args.config] if args.config else []
     command += ["--resume", args.resume] if args.resume else []
+    command += ["--resume-from", args.resume_from] if args.resume_from != "last" else []
     command += [token for module in args.imports for token in ("--import", module)]
-    command += [*args.overrides, f"trainer.run_dir={run_dir}"]
-    return subprocess.call(command, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+    command += [*args.overrides, *([f"trainer.run_dir={run_dir}"] if run_dir else [])]
+    process = subprocess.Popen(command, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+    try:
+        return process.wait()
+    except KeyboardInterrupt as exc:  # pass it on: torchrun stops its learners and rank 0 says how to go on
+        signum = getattr(exc, "signum", signal.SIGINT)
+        process.send_signal(signum)
+        process.wait()
+        return 128 + signum
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -54,7 +93,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         from training.trainer import default_run_dir, train
 
         imports = [f"env.imports=[{', '.join(args.imports)}]"] if args.imports else []
-        if args.resume:
+        if args.resume and args.resume != "auto":
             saved = Path(args.resume) / "config.yaml"
             if not saved.is_file():
                 raise FileNotFoundError(f"--resume {args.resume}: no config.yaml there (not a run directory)")
@@ -63,19 +102,30 @@ def _cmd_train(args: argparse.Namespace) -> int:
             config = load_config(args.config, [*imports, *args.overrides])
         if args.nproc < 1:
             raise ValueError(f"--nproc must be >= 1, got {args.nproc}")
+        if args.resume != "auto":  # 'auto' needs the run directory the job named (the trainer says so)
+            config.trainer.run_dir = config.trainer.run_dir or str(default_run_dir(config))
         if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
-            return _launch_learners(args, config.trainer.run_dir or str(default_run_dir(config)))
-        train(config, resume=bool(args.resume))
+            return _launch_learners(args, config.trainer.run_dir)
+        resume = "auto" if args.resume == "auto" else bool(args.resume)
+        try:
+            train(config, resume=resume, resume_from=args.resume_from)
+            status = 0
+        except KeyboardInterrupt as exc:
+            status = _stopped(exc, config.trainer.run_dir)
         if "WORLD_SIZE" in os.environ:
             # A learner under torchrun sometimes aborts in C++ teardown at interpreter exit ("terminate
             # called without an active exception") after the run has finished and been written; leave
-            # without that teardown so a finished run exits 0.
+            # without that teardown so a finished run exits with its own status.
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(0)
-        return 0
+            os._exit(status)
+        return status
 
-    return _report_errors(run)
+    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    try:
+        return _report_errors(run)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
@@ -165,7 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
         "agent-rl train env.id=agent_rl/Maze-v0 algo=gigpo trainer.iterations=50",
     )
     p.add_argument("--config", metavar="FILE", help="YAML config file or bundled recipe name")
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    p.add_argument("--resume", metavar="RUN_DIR|auto",
+                   help="continue the run in RUN_DIR from its last checkpoint; 'auto' continues trainer.run_dir when it "
+                   "holds checkpoints and starts it when it does not (a requeued job reruns its command unchanged)")
+    p.add_argument("--resume-from", default="last", metavar="NAME",
+                   help="the checkpoint a resumed run continues from: last (default), best or sft")
     p.add_argument("--nproc", type=int, default=1, metavar="N",
                    help="data-parallel learner processes (relaunches under torchrun: gloo on CPU, NCCL on GPU)")
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE", help=imports_help)

@@ -18,7 +18,9 @@ Layout of a run directory::
 A checkpoint is written into a temporary directory, every file is fsynced, the manifest goes last,
 then the directory is renamed into place and only then the pointer is replaced. A kill at any moment
 leaves either the previous pointer (to a complete checkpoint) or the new one; a directory without a
-valid manifest is never loaded.
+valid manifest is never loaded. A save that fails (a full disk, a quota) removes its temporary
+directory and raises :class:`CheckpointError` saying what failed and about how much space a save
+needs; what a kill leaves behind (``.tmp-*``) is removed when the run starts again.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ FORMAT_VERSION = 1
 CHECKPOINTS = "checkpoints"
 MANIFEST = "MANIFEST.json"
 POINTERS = ("last", "best", "sft")
+LEFTOVER_PREFIX = ".tmp-"
+"""Names of the temporary files and directories of saves in progress; a kill leaves them behind."""
 
 
 class CheckpointError(RuntimeError):
@@ -88,10 +92,14 @@ def _sha256(path: Path) -> str:
 
 
 def _write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    _fsync_path(tmp)
-    os.replace(tmp, path)
+    tmp = path.with_name(f"{LEFTOVER_PREFIX}{path.name}-{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        _fsync_path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     _fsync_path(path.parent)
 
 
@@ -292,19 +300,52 @@ def save_checkpoint(
     generators: dict[str, Any] | None = None,
     pointers: tuple[str, ...] = ("last",),
 ) -> Path:
-    """Write checkpoint ``iter-<iteration>`` atomically and point ``pointers`` (last/best) at it."""
+    """Write checkpoint ``iter-<iteration>`` atomically and point ``pointers`` (last/best) at it.
+
+    A save that cannot be written (too little free space, a failed write) raises
+    :class:`CheckpointError`; the earlier checkpoints and every pointer stay as they were."""
     root = Path(run_dir) / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"iter-{iteration:06d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=root))
-    model.save_pretrained(tmp / "model", safe_serialization=True)
-    tokenizer.save_pretrained(tmp / "model")
+    needed = checkpoint_bytes(model, optimizer)
+    if shutil.disk_usage(root).free < needed:
+        raise CheckpointError(_save_failure(final, "too little free space", needed))
+    tmp = None
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f"{LEFTOVER_PREFIX}{final.name}-", dir=root))
+        _write_checkpoint_files(tmp, iteration, model=model, tokenizer=tokenizer, optimizer=optimizer, config=config,
+                                trainer_state=trainer_state, generators=generators)
+    except OSError as exc:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(_save_failure(final, str(exc), needed)) from exc
+    if final.exists():  # left by a run killed before its pointer moved: never referenced, safe to replace
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_path(root)
+    for name in pointers:
+        try:
+            set_pointer(run_dir, name, final, iteration)
+        except OSError as exc:
+            raise CheckpointError(
+                f"checkpoint {str(final)!r} was written but its pointer {name!r} could not be updated ({exc}); "
+                "every pointer still names a complete checkpoint"
+            ) from exc
+    prune(run_dir)
+    return final
+
+
+def _write_checkpoint_files(directory: Path, iteration: int, *, model, tokenizer, optimizer, config, trainer_state,
+                            generators) -> None:
+    """Every file of a checkpoint, fsynced, the manifest last."""
+    model.save_pretrained(directory / "model", safe_serialization=True)
+    tokenizer.save_pretrained(directory / "model")
     optimizer_meta: dict[str, Any] = {}
     if optimizer is not None:
         opt_tensors, optimizer_meta = _flatten_optimizer(optimizer)
-        save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
+        save_file(opt_tensors, str(directory / "optimizer.safetensors"))
     rng_tensors, rng_scalars = capture_rng(generators)
-    save_file({k: v.contiguous() for k, v in rng_tensors.items()}, str(tmp / "rng.safetensors"))
+    save_file({k: v.contiguous() for k, v in rng_tensors.items()}, str(directory / "rng.safetensors"))
     state = {
         "format": FORMAT_VERSION,
         "iteration": int(iteration),
@@ -314,24 +355,39 @@ def save_checkpoint(
         "has_optimizer": optimizer is not None,
         "rng": rng_scalars,
     }
-    (tmp / "state.json").write_text(json.dumps(state, indent=1, sort_keys=True))
-    files = sorted(p for p in tmp.rglob("*") if p.is_file())
+    (directory / "state.json").write_text(json.dumps(state, indent=1, sort_keys=True))
+    files = sorted(p for p in directory.rglob("*") if p.is_file())
     manifest = {"format": FORMAT_VERSION, "files": {}}
     for path in files:
         _fsync_path(path)
-        manifest["files"][path.relative_to(tmp).as_posix()] = {"sha256": _sha256(path), "bytes": path.stat().st_size}
-    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
-    _fsync_path(tmp / MANIFEST)
-    for directory in {p.parent for p in files} | {tmp}:
-        _fsync_path(directory)
-    if final.exists():  # left by a run killed before its pointer moved: never referenced, safe to replace
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _fsync_path(root)
-    for name in pointers:
-        set_pointer(run_dir, name, final, iteration)
-    prune(run_dir)
-    return final
+        manifest["files"][path.relative_to(directory).as_posix()] = {"sha256": _sha256(path), "bytes": path.stat().st_size}
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    _fsync_path(directory / MANIFEST)
+    for folder in {p.parent for p in files} | {directory}:
+        _fsync_path(folder)
+
+
+def checkpoint_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> int:
+    """About the bytes one checkpoint takes on disk: the weights it holds (the adapter alone under
+    LoRA, tied tensors once) and the optimizer's tensors; the tokenizer and JSON files come on top."""
+    from training.policy import is_lora
+
+    weights = [p for p in model.parameters() if p.requires_grad] if is_lora(model) else model.state_dict().values()
+    sizes = {t.data_ptr(): t.numel() * t.element_size() for t in weights}
+    state = optimizer.state.values() if optimizer is not None else ()
+    moments = sum(v.numel() * v.element_size() for s in state for v in s.values() if isinstance(v, torch.Tensor))
+    return sum(sizes.values()) + moments
+
+
+def _save_failure(final: Path, reason: str, needed: int) -> str:
+    try:
+        free = f"{shutil.disk_usage(final.parent).free / 1e6:,.0f} MB are free there"
+    except OSError:
+        free = "the free space there is unknown"
+    return (
+        f"could not save checkpoint {str(final)!r}: {reason}. A checkpoint of this run needs about "
+        f"{needed / 1e6:,.0f} MB and {free}; the earlier checkpoints and their pointers are unchanged"
+    )
 
 
 def set_pointer(run_dir: str | Path, name: str, checkpoint_dir: Path, iteration: int) -> None:
@@ -351,6 +407,25 @@ def prune(run_dir: str | Path) -> None:
     for path in root.iterdir():
         if path.is_dir() and path.name not in keep:
             shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_leftovers(run_dir: str | Path) -> list[str]:
+    """Delete what interrupted saves left in ``run_dir`` (``.tmp-*``: never referenced by a
+    pointer); returns their names."""
+    root = Path(run_dir) / CHECKPOINTS
+    leftovers = sorted(p for p in root.iterdir() if p.name.startswith(LEFTOVER_PREFIX)) if root.is_dir() else []
+    for path in leftovers:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return [p.name for p in leftovers]
+
+
+def holds_checkpoints(run_dir: str | Path) -> bool:
+    """Whether ``run_dir`` holds a checkpoint or a pointer (leftovers of interrupted saves do not count)."""
+    root = Path(run_dir) / CHECKPOINTS
+    return root.is_dir() and any(not p.name.startswith(LEFTOVER_PREFIX) for p in root.iterdir())
 
 
 def verify(path: Path) -> None:
@@ -438,15 +513,69 @@ def claim_run_dir(run_dir: str | Path, dist) -> None:
     """Refuse a run directory that already holds checkpoints (a fresh run would overwrite them),
     else create it. Rank 0 decides for every learner process (``dist``): it may write its first
     checkpoint before another rank looks."""
-    root = Path(run_dir) / CHECKPOINTS
-    occupied = dist.is_main and root.exists() and any(root.iterdir())
-    if broadcast_flag(occupied, dist):
+    if broadcast_flag(dist.is_main and holds_checkpoints(run_dir), dist):
         raise FileExistsError(
             f"run directory {str(run_dir)!r} already holds checkpoints; resume it with "
-            f"--resume {run_dir} or choose another trainer.run_dir"
+            f"--resume {run_dir} (or --resume auto) or choose another trainer.run_dir"
         )
     if dist.is_main:
         Path(run_dir).mkdir(parents=True, exist_ok=True)
+
+
+def intact_checkpoints(run_dir: str | Path) -> dict[str, int]:
+    """The pointers of ``run_dir`` whose checkpoints verify, with their iterations."""
+    intact = {}
+    for name in POINTERS:
+        try:
+            intact[name] = find_checkpoint(run_dir, name).iteration
+        except CheckpointError:
+            continue
+    return intact
+
+
+def resume_command(run_dir: str | Path, which: str = "last") -> str:
+    """The command that continues the run in ``run_dir`` from its checkpoint ``which``."""
+    return f"agent-rl train --resume {run_dir}" + (f" --resume-from {which}" if which != "last" else "")
+
+
+def _alternatives(run_dir: str | Path, refused: str) -> str:
+    others = {name: it for name, it in intact_checkpoints(run_dir).items() if name != refused}
+    if not others:
+        return "it holds no other intact checkpoint: start a new run in another trainer.run_dir"
+    listed = "; ".join(f"{name!r} (iteration {it}): {resume_command(run_dir, name)}" for name, it in others.items())
+    return f"its intact checkpoints resume with: {listed}"
+
+
+def rewind(run_dir: str | Path, which: str) -> list[str]:
+    """Make the checkpoint ``which`` the run's latest: ``last``, and any pointer naming a later or
+    unreadable checkpoint, now name it, and what no pointer names is deleted (a resume from an
+    earlier checkpoint runs the iterations after it again). Returns the pointers moved."""
+    root = Path(run_dir) / CHECKPOINTS
+    target = _read_json(root / f"{which}.json")
+    moved = []
+    for name in POINTERS:
+        pointer = root / f"{name}.json"
+        if name == which or (name != "last" and not pointer.is_file()):
+            continue
+        iteration = _pointer_iteration(pointer)
+        if name == "last" or iteration is None or iteration > target["iteration"]:
+            set_pointer(run_dir, name, root / target["dir"], target["iteration"])
+            moved.append(name)
+    prune(run_dir)
+    return moved
+
+
+def _pointer_iteration(pointer: Path) -> int | None:
+    """The iteration a pointer file names (not verified), or None when it is missing or unreadable."""
+    try:
+        return int(json.loads(pointer.read_text())["iteration"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def saved_iteration(run_dir: str | Path) -> int | None:
+    """The iteration the ``last`` pointer names (not verified), or None before the first save."""
+    return _pointer_iteration(Path(run_dir) / CHECKPOINTS / "last.json")
 
 
 def resume_run(
@@ -457,14 +586,21 @@ def resume_run(
     optimizer: torch.optim.Optimizer,
     generators: dict[str, Any],
     may_change: tuple[str, ...],
+    which: str = "last",
 ) -> tuple[int, dict[str, Any]]:
-    """Restore the ``last`` checkpoint of ``run_dir`` into the given objects; returns its iteration
-    and the trainer state. The checkpoint's config must equal ``config`` (resolved) outside the
-    ``may_change`` keys; it is resolved before the comparison, so checkpoints written before
-    configs were resolved (with ``auto`` and nulls) still resume."""
+    """Restore the checkpoint ``which`` (last, best, sft) of ``run_dir`` into the given objects;
+    returns its iteration and the trainer state. The checkpoint's config must equal ``config``
+    (resolved) outside the ``may_change`` keys; it is resolved before the comparison, so
+    checkpoints written before configs were resolved (with ``auto`` and nulls) still resume.
+
+    A missing or corrupt checkpoint is refused, never replaced by another: the error names the
+    run's intact checkpoints and the command that resumes from each."""
     from agent_rl.config import config_from_dict, config_to_dict, resolve
 
-    found = find_checkpoint(run_dir, "last")
+    try:
+        found = find_checkpoint(run_dir, which)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{exc}; nothing was loaded, and {_alternatives(run_dir, which)}") from None
     saved = config_to_dict(resolve(config_from_dict(found.state.get("config", {}))))
     found = Checkpoint(found.path, {**found.state, "config": saved})
     state = restore(found, model=model, optimizer=optimizer, generators=generators,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +32,24 @@ _TIMES = ("rollout", "advantage", "update", "sync", "eval")
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """All records of ``metrics.jsonl`` in order (empty when the file does not exist)."""
+    """All records of ``metrics.jsonl`` in order (empty when the file does not exist).
+
+    A last line cut short (a crash while it was written) is dropped with a warning; a bad line
+    before the last is an error naming it."""
     path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            if number < len(lines):
+                raise ValueError(f"{path}: line {number} is not a JSON record ({exc})") from None
+            warnings.warn(f"{path}: dropped its last line, which was cut short (a crash while it was written): "
+                          f"{line[:60]!r}", stacklevel=2)
+    return records
 
 
 class RunLogger:

@@ -84,7 +84,8 @@ class Trainer:
         tokenizer,
         make_env: EnvFactory,
         engine: Engine | None = None,
-        resume: bool = False,
+        resume: bool | str = False,
+        resume_from: str = "last",
         console: Console | None = None,
         on_iteration: Callable[[int, dict[str, float]], None] | None = None,
     ) -> None:
@@ -92,7 +93,9 @@ class Trainer:
         ``model``'s weights (synced after every update); None builds ``config.engine``'s.
         With ``policy.lora_rank`` > 0 a model without adapters gets fresh LoRA adapters (peft injects
         them into its modules) and only they train.
-        ``resume`` continues the run in ``trainer.run_dir`` from its last checkpoint.
+        ``resume`` continues the run in ``trainer.run_dir`` from its checkpoint ``resume_from``
+        (last, best or sft); ``resume="auto"`` does so when the directory holds checkpoints and
+        starts afresh when it does not, so a requeued job reruns its own command unchanged.
         ``on_iteration(iteration, metrics)`` is called on the main process after every logged
         iteration (0 is the warm start and its evaluation)."""
         cfg = self.config = resolve(config, make_env)
@@ -116,9 +119,6 @@ class Trainer:
             raise ValueError("config key 'trainer.run_dir' must be set when training on several processes")
         if not self.dist.is_main:
             self.console = Console(quiet=True)  # rank 0 reports for everyone
-        self.run_dir = Path(cfg.trainer.run_dir) if cfg.trainer.run_dir else default_run_dir(cfg)
-        cfg.trainer.run_dir = str(self.run_dir)
-
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad], lr=cfg.optim.lr, betas=cfg.optim.betas, eps=cfg.optim.adam_eps,
             weight_decay=cfg.optim.weight_decay,
@@ -127,30 +127,22 @@ class Trainer:
         self.learner = Learner(model, self.optimizer, cfg, np.random.default_rng([cfg.trainer.seed, 2]), self.dist)
         self.iteration = 0
         self.state: dict[str, Any] = {"best_success": -1.0, "best_iteration": -1, "elapsed_s": 0.0, "engine_calls": 0}
-        if resume:
-            self.iteration, self.state = checkpoint.resume_run(
-                self.run_dir, cfg, model=model, optimizer=self.optimizer, generators=self._generators(),
-                may_change=RESUME_MAY_CHANGE,
-            )
-            self.console.print(f"[bold]resumed[/] {self.run_dir} at iteration {self.iteration}")
-        else:
-            checkpoint.claim_run_dir(self.run_dir, self.dist)
+        self.started = self._open_run_dir(resume, resume_from)
         if self.dist.is_main:
             save_config(cfg, self.run_dir / "config.yaml")
-        self.started = resume
         # Rank 0 generates, evaluates, logs and checkpoints.
         self.engine, self.pool, self.logger = engine, None, None
         self._owns_engine = engine is None
         if self.dist.is_main:
             if engine is None:
                 self.engine = engine_from_config(cfg, model, tokenizer)
-            elif resume:
+            elif self.started:
                 self.engine.update_weights(model)  # the engine was built before the checkpoint was loaded
             if hasattr(self.engine, "calls"):
                 self.engine.calls = int(self.state["engine_calls"])  # the per-call sampling seeds continue
             self.pool = pool_from_config(make_env, cfg)
             self.logger = RunLogger(self.run_dir, tensorboard=cfg.logging.tensorboard, console=self.console,
-                                    resume_iteration=self.iteration if resume else None)
+                                    resume_iteration=self.iteration if self.started else None)
 
     @classmethod
     def from_config(cls, config: Config, *, model: torch.nn.Module | None = None, tokenizer=None,
@@ -293,11 +285,54 @@ class Trainer:
         return target_reached(metrics, cfg.trainer.target_success)
 
     # ---- run directory and checkpoints ----------------------------------------------------------------
+    def _open_run_dir(self, resume: bool | str, resume_from: str) -> bool:
+        """Set ``run_dir``, remove leftovers of interrupted saves, then restore the checkpoint
+        ``resume_from`` (``resume``: True, or "auto" when the directory holds checkpoints) or claim
+        the directory for a new run; True when the run was resumed."""
+        cfg = self.config
+        if resume not in (False, True, "auto"):
+            raise ValueError(f"resume must be False, True or 'auto', got {resume!r}")
+        if resume_from not in checkpoint.POINTERS:
+            raise ValueError(f"resume_from (--resume-from) must be one of {checkpoint.POINTERS}, got {resume_from!r}")
+        if resume_from != "last" and not resume:
+            raise ValueError(f"resume_from={resume_from!r} (--resume-from) applies only to a resumed run: resume=True "
+                             "or 'auto' (--resume RUN_DIR or --resume auto)")
+        if resume == "auto" and not cfg.trainer.run_dir:
+            raise ConfigError("config key 'trainer.run_dir': resuming with 'auto' needs a fixed run directory, "
+                              "the one a restarted job looks in")
+        self.run_dir = Path(cfg.trainer.run_dir) if cfg.trainer.run_dir else default_run_dir(cfg)
+        cfg.trainer.run_dir = str(self.run_dir)
+        if self.dist.is_main and (left := checkpoint.remove_leftovers(self.run_dir)):
+            self.console.print(f"removed {len(left)} leftover(s) of an interrupted save from {self.run_dir}")
+        if resume == "auto":
+            resume = broadcast_flag(self.dist.is_main and checkpoint.holds_checkpoints(self.run_dir), self.dist)
+            if not resume:
+                self.console.print(f"no checkpoint in {self.run_dir}: starting a new run")
+        if not resume:
+            checkpoint.claim_run_dir(self.run_dir, self.dist)
+            return False
+        self.iteration, self.state = checkpoint.resume_run(
+            self.run_dir, cfg, model=self.model, optimizer=self.optimizer, generators=self._generators(),
+            may_change=RESUME_MAY_CHANGE, which=resume_from,
+        )
+        self.console.print(f"[bold]resumed[/] {self.run_dir} at iteration {self.iteration} ({resume_from!r} checkpoint)")
+        if self.dist.is_main and (moved := checkpoint.rewind(self.run_dir, resume_from)):
+            self.console.print(f"pointers {', '.join(moved)} now name iteration {self.iteration}; the iterations after it run again")
+        saved_threads = self.state.get("torch_threads")
+        if saved_threads is not None and saved_threads != torch.get_num_threads():
+            self.console.print(
+                f"[yellow]warning[/]: the checkpoint was written with {saved_threads} torch threads, this process has "
+                f"{torch.get_num_threads()}: float sums are ordered differently, so the run continues correctly "
+                "but not bit-identically to an uninterrupted one"
+            )
+        return True
+
     def _generators(self) -> dict[str, Any]:
         return {"seed_stream": self.seed_stream, "shuffle": self.learner.shuffle_rng}
 
     def _save(self, best: bool) -> None:
         self.state["engine_calls"] = int(getattr(self.engine, "calls", 0))
+        self.state["torch_threads"] = torch.get_num_threads()  # sums depend on it: a resume checks it
         pointers = ("last", "best") if best else ("last",)
         if self.iteration == 0:
             pointers += ("sft",)
@@ -323,7 +358,8 @@ class Trainer:
 
 def train(config: Config, **kwargs: Any) -> dict[str, Any]:
     """Build a trainer with :meth:`Trainer.from_config` (``kwargs``: objects replacing what the
-    config names, ``resume``, ``console``, ``on_iteration``), run it and close it; returns the summary."""
+    config names, ``resume``, ``resume_from``, ``console``, ``on_iteration``), run it and close it;
+    returns the summary."""
     trainer = Trainer.from_config(config, **kwargs)
     try:
         return trainer.run()

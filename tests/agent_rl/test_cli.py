@@ -26,3 +26,22 @@ def test_unknown_options_are_rejected(capsys):
         main(["play", "agent_rl/Maze-v0", "--bogus"])
     assert exc.value.code == 2
     assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--resume-from", "best"], "(--resume-from) applies only to a resumed run"),
+    (["train", "--resume", "auto", "trainer.run_dir=x", "--resume-from", "newest"], "must be one of ('last', 'best', 'sft')"),
+    (["train", "--resume", "auto"], "config key 'trainer.run_dir': resuming with 'auto' needs a fixed run directory"),
+])
+def test_resume_options_that_cannot_work_are_one_line_errors(capsys, argv, message):
+    assert main([*argv, "engine=hf"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("agent-rl: error: ") and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_train_command_leaves_the_sigterm_handler_as_it_found_it():
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    main(["train", "trainer.iteratons=5"])
+    assert signal.getsignal(signal.SIGTERM) is before

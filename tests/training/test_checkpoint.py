@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -169,3 +172,145 @@ def test_manifest_lists_every_file(tmp_path, trained):
     on_disk = {p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()} - {ckpt.MANIFEST}
     assert set(manifest["files"]) == on_disk
     assert {"state.json", "optimizer.safetensors", "rng.safetensors"} <= on_disk
+
+
+def _leftovers(run_dir: Path) -> list[str]:
+    return [p.name for p in (run_dir / ckpt.CHECKPOINTS).iterdir() if p.name.startswith(ckpt.LEFTOVER_PREFIX)]
+
+
+def test_checkpoint_bytes_counts_the_weights_once_and_the_optimizer_moments(tmp_path, trained):
+    model, tokenizer, optimizer = trained
+    parameters = sum(p.numel() for p in model.parameters())  # the tied embedding once
+    # float32 weights and buffers; AdamW keeps exp_avg, exp_avg_sq (float32) and a float32 step per parameter.
+    buffers = sum(b.numel() for b in model.buffers() if b.data_ptr() in {t.data_ptr() for t in model.state_dict().values()})
+    n_tensors = len(list(model.parameters()))
+    assert ckpt.checkpoint_bytes(model, optimizer) == 4 * (parameters + buffers) + 4 * (2 * parameters + n_tensors)
+    assert ckpt.checkpoint_bytes(model, None) == 4 * (parameters + buffers)
+    path = _save(tmp_path, model, tokenizer, optimizer, 1)
+    written = sum(entry["bytes"] for entry in json.loads((path / ckpt.MANIFEST).read_text())["files"].values())
+    assert ckpt.checkpoint_bytes(model, optimizer) <= written  # the tokenizer and JSON files come on top
+
+
+@pytest.mark.parametrize("failing_write", [1, 2, 3])
+def test_a_save_whose_writes_fail_part_way_leaves_the_previous_checkpoint_and_every_pointer(tmp_path, trained,
+                                                                                         monkeypatch, failing_write):
+    """Writes 1-3: the model, the optimizer tensors, the RNG tensors; the disk fills at one of them."""
+    model, tokenizer, optimizer = trained
+    _save(tmp_path, model, tokenizer, optimizer, 1, pointers=("last", "best"))
+    writes = {"n": 0}
+    real_save_file, real_save_pretrained = ckpt.save_file, model.save_pretrained
+
+    def count_then_fail(write):
+        def wrapped(*args, **kwargs):
+            writes["n"] += 1
+            if writes["n"] == failing_write:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return write(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(ckpt, "save_file", count_then_fail(real_save_file))
+    monkeypatch.setattr(model, "save_pretrained", count_then_fail(real_save_pretrained))
+    with pytest.raises(ckpt.CheckpointError, match=r"No space left on device.*needs about [\d,]+ MB .* are unchanged"):
+        _save(tmp_path, model, tokenizer, optimizer, 2, pointers=("last", "best"))
+    monkeypatch.undo()
+    assert ckpt.find_checkpoint(tmp_path, "last").iteration == 1
+    assert ckpt.find_checkpoint(tmp_path, "best").iteration == 1
+    assert _leftovers(tmp_path) == [] and not (tmp_path / ckpt.CHECKPOINTS / "iter-000002").exists()
+
+
+def test_too_little_free_space_is_refused_before_anything_is_written(tmp_path, trained, monkeypatch):
+    model, tokenizer, optimizer = trained
+    _save(tmp_path, model, tokenizer, optimizer, 1)
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(ckpt.shutil, "disk_usage", lambda path: usage._replace(free=1000))
+    needed = ckpt.checkpoint_bytes(model, optimizer) / 1e6
+    with pytest.raises(ckpt.CheckpointError, match=f"too little free space. A checkpoint of this run needs about {needed:,.0f} MB"):
+        _save(tmp_path, model, tokenizer, optimizer, 2)
+    monkeypatch.undo()
+    assert sorted(p.name for p in (tmp_path / ckpt.CHECKPOINTS).iterdir()) == ["iter-000001", "last.json"]
+
+
+def test_a_pointer_that_cannot_be_written_leaves_every_pointer_naming_a_complete_checkpoint(tmp_path, trained, monkeypatch):
+    model, tokenizer, optimizer = trained
+    _save(tmp_path, model, tokenizer, optimizer, 1, pointers=("last", "best"))
+    real_replace = os.replace
+
+    def replace(src, dst):
+        if Path(dst).name == "best.json":
+            raise OSError(errno.EDQUOT, "Disk quota exceeded")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(ckpt.os, "replace", replace)
+    with pytest.raises(ckpt.CheckpointError, match="pointer 'best' could not be updated"):
+        _save(tmp_path, model, tokenizer, optimizer, 2, pointers=("last", "best"))
+    monkeypatch.undo()
+    assert ckpt.find_checkpoint(tmp_path, "last").iteration == 2
+    assert ckpt.find_checkpoint(tmp_path, "best").iteration == 1
+    assert _leftovers(tmp_path) == []  # the pointer's temporary file went with the failure
+
+
+def test_leftovers_of_a_killed_save_do_not_count_as_checkpoints_and_are_removed(tmp_path, trained, monkeypatch):
+    model, tokenizer, optimizer = trained
+    assert not ckpt.holds_checkpoints(tmp_path)
+    monkeypatch.setattr(ckpt, "capture_rng", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        _save(tmp_path, model, tokenizer, optimizer, 1)
+    monkeypatch.undo()
+    (tmp_path / ckpt.CHECKPOINTS / f"{ckpt.LEFTOVER_PREFIX}last.json-123").write_text("{")
+    assert len(_leftovers(tmp_path)) == 2 and not ckpt.holds_checkpoints(tmp_path)
+    left = sorted(_leftovers(tmp_path))
+    assert ckpt.remove_leftovers(tmp_path) == left
+    assert _leftovers(tmp_path) == [] and ckpt.saved_iteration(tmp_path) is None
+    _save(tmp_path, model, tokenizer, optimizer, 1)
+    assert ckpt.holds_checkpoints(tmp_path) and ckpt.saved_iteration(tmp_path) == 1
+
+
+def test_a_missing_or_corrupt_checkpoint_is_refused_with_the_intact_ones_and_their_commands(tmp_path, trained):
+    from agent_rl.config import config_to_dict, load_config
+
+    model, tokenizer, optimizer = trained
+    config = load_config()
+
+    def save(iteration, pointers):
+        ckpt.save_checkpoint(tmp_path, iteration, model=model, tokenizer=tokenizer, optimizer=optimizer,
+                             config=config_to_dict(config), trainer_state={}, pointers=pointers)
+
+    def resume(which="last"):
+        return ckpt.resume_run(tmp_path, config, model=model, optimizer=optimizer, generators={}, may_change=(), which=which)
+
+    save(0, ("last", "sft"))
+    save(1, ("last", "best"))
+    save(2, ("last",))
+    weights = tmp_path / ckpt.CHECKPOINTS / "iter-000002" / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1] + b"!")
+    with pytest.raises(ckpt.CheckpointError) as refused:
+        resume()
+    assert str(refused.value).endswith(
+        f"is corrupt (checksum mismatch); nothing was loaded, and its intact checkpoints resume with: "
+        f"'best' (iteration 1): agent-rl train --resume {tmp_path} --resume-from best; "
+        f"'sft' (iteration 0): agent-rl train --resume {tmp_path} --resume-from sft"
+    )
+    assert resume("best")[0] == 1
+    (tmp_path / ckpt.CHECKPOINTS / "best.json").unlink()
+    (tmp_path / ckpt.CHECKPOINTS / "iter-000000" / "state.json").write_text("{}")
+    with pytest.raises(ckpt.CheckpointError, match="no 'best' checkpoint .* no other intact checkpoint: start a new run"):
+        resume("best")
+
+
+def test_rewinding_to_an_earlier_checkpoint_moves_the_later_pointers_and_drops_what_they_named(tmp_path, trained):
+    model, tokenizer, optimizer = trained
+    _save(tmp_path, model, tokenizer, optimizer, 0, pointers=("last", "sft"))
+    _save(tmp_path, model, tokenizer, optimizer, 1, pointers=("last", "best"))
+    _save(tmp_path, model, tokenizer, optimizer, 2, pointers=("last", "best"))
+    _save(tmp_path, model, tokenizer, optimizer, 3)
+    root = tmp_path / ckpt.CHECKPOINTS
+
+    def named() -> dict[str, int]:
+        return {name: ckpt.find_checkpoint(tmp_path, name).iteration for name in ckpt.POINTERS}
+
+    assert ckpt.rewind(tmp_path, "last") == [] and named() == {"last": 3, "best": 2, "sft": 0}
+    assert ckpt.rewind(tmp_path, "best") == ["last"] and named() == {"last": 2, "best": 2, "sft": 0}
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["iter-000000", "iter-000002"]
+    (root / "best.json").write_text("{not json")  # unreadable counts as stale
+    assert ckpt.rewind(tmp_path, "sft") == ["last", "best"] and named() == {"last": 0, "best": 0, "sft": 0}
+    assert [p.name for p in root.iterdir() if p.is_dir()] == ["iter-000000"]

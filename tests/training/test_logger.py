@@ -74,3 +74,41 @@ def test_logger_prints_the_table_of_each_record(tmp_path):
     with pytest.raises(ValueError):  # a metric that is not a number is refused before anything is written
         logger.log(8, {"rollout/success_rate": "high"})
     assert [r["iteration"] for r in read_metrics(tmp_path)] == [7]
+
+
+def test_a_last_line_cut_short_by_a_crash_is_dropped_with_a_warning_and_a_resume_writes_whole_lines(tmp_path):
+    logger = RunLogger(tmp_path, tensorboard=False)
+    for iteration in range(3):
+        logger.log(iteration, {"rollout/return": float(iteration)})
+    path = tmp_path / METRICS_FILE
+    path.write_text(path.read_text()[:-12])  # the crash cut iteration 2's record
+    with pytest.warns(UserWarning, match="dropped its last line"):
+        assert [r["iteration"] for r in read_metrics(tmp_path)] == [0, 1]
+    with pytest.warns(UserWarning, match="dropped its last line"):
+        resumed = RunLogger(tmp_path, tensorboard=False, resume_iteration=1)
+    resumed.log(2, {"rollout/return": 2.0})
+    assert [r["iteration"] for r in read_metrics(tmp_path)] == [0, 1, 2]  # no warning: every line is whole
+
+
+def test_a_bad_line_before_the_last_is_an_error_naming_it(tmp_path):
+    (tmp_path / METRICS_FILE).write_text('{"iteration": 0}\n{"iteration": \n{"iteration": 2}\n')
+    with pytest.raises(ValueError, match="line 2 is not a JSON record"):
+        read_metrics(tmp_path)
+
+
+def test_tensorboard_after_a_resume_holds_each_iteration_once_with_the_resumed_values(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logger = RunLogger(tmp_path)
+    for iteration in range(4):
+        logger.log(iteration, {"rollout/return": float(iteration)})
+    logger.close()
+    # Killed after iteration 3 with its last checkpoint at 1: iterations 2 and 3 are redone.
+    resumed = RunLogger(tmp_path, resume_iteration=1)
+    for iteration in (2, 3):
+        resumed.log(iteration, {"rollout/return": 10.0 * iteration})
+    resumed.close()
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    scalars = events.Scalars("rollout/return")
+    assert [(e.step, e.value) for e in scalars] == [(0, 0.0), (1, 1.0), (2, 20.0), (3, 30.0)]

@@ -4,6 +4,7 @@ factory), config/env errors, a user env through the CLI, and a short run that re
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
@@ -17,8 +18,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rich.console import Console
 
-from agent_rl.config import load_config
+from agent_rl.config import ConfigError, load_config
 from training import checkpoint
 from training.logger import read_metrics
 from training.trainer import Trainer, train
@@ -37,6 +39,18 @@ def tiny_overrides(run_dir: Path, *extra: str) -> list[str]:
         "optim.micro_batch_size=4", "optim.minibatch_size=2", "rollout.min_batch_rows=0", "logging.console=false",
         "algo.kl_coef=0", *extra,
     ]
+
+
+def assert_same_metrics(run_dir: Path, expected_dir: Path) -> None:
+    """Equal metrics apart from timings; a failure names the first iteration and keys that differ."""
+    def timeless(path: Path) -> list[dict]:
+        return [{k: v for k, v in r.items() if not k.startswith("time/") and k != "rollout/tokens_per_s"} for r in read_metrics(path)]
+
+    got, expected = timeless(run_dir), timeless(expected_dir)
+    assert [r["iteration"] for r in got] == [r["iteration"] for r in expected]
+    for a, b in zip(got, expected):
+        differing = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+        assert not differing, f"iteration {a['iteration']} differs in {[(k, a.get(k), b.get(k)) for k in differing[:4]]}"
 
 
 # ---- end to end ------------------------------------------------------------------------------------------
@@ -70,6 +84,11 @@ def test_short_run_writes_logs_checkpoints_and_config(tmp_path, algo):
 @pytest.mark.slow
 @pytest.mark.parametrize("weights", ["full", "lora"])
 def test_resume_continues_exactly(tmp_path, monkeypatch, weights):
+    """A resumed run is bit-identical to an uninterrupted one (metrics apart from timings, and the
+    weights) on the same machine, libraries and torch thread count: every RNG, the optimizer, the
+    engine's sampling seeds and the data order come back from the checkpoint. The thread count
+    orders float sums, so a resume under another count continues correctly but not bit-identically;
+    the trainer warns then (see the --resume auto test)."""
     overrides = ["trainer.iterations=4", "trainer.eval_every=2", "rollout.n_groups=2", "rollout.group_size=3"]
     if weights == "lora":  # checkpoints hold the adapter alone; the KL reference reloads the SFT one
         pytest.importorskip("peft", reason="peft (the lora extra) is not installed")
@@ -93,11 +112,8 @@ def test_resume_continues_exactly(tmp_path, monkeypatch, weights):
     torch.manual_seed(123), np.random.seed(123), random.seed(123)  # the resume must restore every RNG
     train(load_config(resumed_dir / "config.yaml"), resume=True)
 
-    def comparable(run_dir):
-        return [{k: v for k, v in r.items() if not k.startswith("time/") and k != "rollout/tokens_per_s"} for r in read_metrics(run_dir)]
-
     assert [r["iteration"] for r in read_metrics(resumed_dir)] == [0, 1, 2, 3, 4]
-    assert comparable(resumed_dir) == comparable(straight_dir)
+    assert_same_metrics(resumed_dir, straight_dir)
     a = checkpoint.find_checkpoint(straight_dir, "last").model_dir
     b = checkpoint.find_checkpoint(resumed_dir, "last").model_dir
     from safetensors.torch import load_file
@@ -116,6 +132,78 @@ def test_resume_refuses_a_changed_config(tmp_path):
         Trainer.from_config(changed, resume=True)
     with pytest.raises(FileExistsError, match="--resume"):
         Trainer.from_config(load_config(run_dir / "config.yaml"))
+
+
+@pytest.mark.slow
+def test_resume_auto_starts_an_empty_run_directory_and_continues_a_saved_one(tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    (run_dir / checkpoint.CHECKPOINTS / ".tmp-iter-000001-x").mkdir(parents=True)  # what a killed save leaves
+    train(load_config(overrides=tiny_overrides(run_dir, "trainer.iterations=1")), resume="auto")
+    assert not list((run_dir / checkpoint.CHECKPOINTS).glob(".tmp-*"))
+    assert [r["iteration"] for r in read_metrics(run_dir)] == [0, 1]
+    saved_threads = torch.get_num_threads()
+    monkeypatch.setattr(torch, "get_num_threads", lambda: saved_threads + 1)  # another machine, say
+    console = Console(file=io.StringIO(), width=400)
+    train(load_config(overrides=tiny_overrides(run_dir, "trainer.iterations=2")), resume="auto", console=console)
+    monkeypatch.undo()
+    assert [r["iteration"] for r in read_metrics(run_dir)] == [0, 1, 2]
+    assert (f"written with {saved_threads} torch threads, this process has {saved_threads + 1}: float sums are ordered "
+            "differently") in console.file.getvalue()
+    assert checkpoint.find_checkpoint(run_dir, "last").iteration == 2
+    with pytest.raises(checkpoint.CheckpointError, match="different config: trainer.seed"):
+        Trainer.from_config(load_config(overrides=tiny_overrides(run_dir, "trainer.seed=3")), resume="auto")
+    with pytest.raises(ConfigError, match="trainer.run_dir"):
+        Trainer.from_config(load_config(overrides=tiny_overrides(run_dir, "trainer.run_dir=null")), resume="auto")
+    with pytest.raises(ValueError, match="resume_from"):
+        Trainer.from_config(load_config(overrides=tiny_overrides(tmp_path / "other")), resume_from="best")
+
+
+@pytest.mark.slow
+def test_a_corrupt_last_checkpoint_names_the_intact_ones_and_resumes_from_the_chosen_one(tmp_path):
+    run_dir = tmp_path / "run"
+    train(load_config(overrides=tiny_overrides(run_dir, "trainer.iterations=2", "trainer.eval_every=1",
+                                               "trainer.save_every=1")))
+    last = checkpoint.find_checkpoint(run_dir, "last")
+    best = checkpoint.find_checkpoint(run_dir, "best").iteration
+    (last.path / "state.json").write_text("{}")
+    expected = f"'sft' (iteration 0): agent-rl train --resume {run_dir} --resume-from sft"
+    with pytest.raises(checkpoint.CheckpointError, match="corrupt") as refused:
+        Trainer.from_config(load_config(run_dir / "config.yaml"), resume=True)
+    assert expected in str(refused.value) and "nothing was loaded" in str(refused.value)
+    assert ("'best'" in str(refused.value)) == (best != last.iteration)
+    console = Console(file=io.StringIO(), width=400)
+    train(load_config(run_dir / "config.yaml"), resume=True, resume_from="sft", console=console)
+    assert "resumed" in console.file.getvalue() and "now name iteration 0" in console.file.getvalue()
+    assert [r["iteration"] for r in read_metrics(run_dir)] == [0, 1, 2]
+    assert checkpoint.find_checkpoint(run_dir, "last").iteration == 2  # written anew over the corrupt one
+    assert checkpoint.intact_checkpoints(run_dir)["best"] <= 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signal_name, status", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_signal_stops_the_run_with_how_to_go_on_and_resume_auto_finishes_it_exactly(tmp_path, signal_name, status):
+    """A requeued job: the same command with --resume auto, stopped by a signal inside an
+    iteration (the 13th environment reset, in the rollout of iteration 2), then run again."""
+    env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+    def command(run_dir: Path) -> list[str]:
+        overrides = tiny_overrides(run_dir, "trainer.iterations=3", "trainer.eval_every=1", "env.id=usertest/InterruptedMaze-v0")
+        return [sys.executable, "-m", "agent_rl.cli", "train", "--import", "interrupting_env", "--resume", "auto", *overrides]
+
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    assert subprocess.run(command(straight), env=env, capture_output=True, text=True, timeout=300).returncode == 0
+    first = subprocess.run(command(stopped), env={**env, "AGENT_RL_TEST_SIGNAL": f"{signal_name}:13"},
+                           capture_output=True, text=True, timeout=300)
+    assert first.returncode == status, first.stderr[-2000:]
+    assert "Traceback" not in first.stderr
+    assert first.stderr.strip().splitlines()[-1] == (
+        f"agent-rl: stopped by {signal_name}: the last checkpoint is iteration 1; "
+        f"continue with: agent-rl train --resume {stopped}"
+    )
+    assert [r["iteration"] for r in read_metrics(stopped)] == [0, 1]
+    second = subprocess.run(command(stopped), env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert_same_metrics(stopped, straight)
 
 
 @pytest.mark.slow
