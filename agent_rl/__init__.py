@@ -29,7 +29,7 @@ _LAZY = {
     "Credit": ("agent_rl.advantages", "Credit"),
     "policy_loss": ("agent_rl.losses", "policy_loss"),
     "kl_penalty": ("agent_rl.losses", "kl_penalty"),
-    "LOSS_PRESETS": ("agent_rl.config", "LOSS_PRESETS"),
+    "LOSS_PRESETS": ("agent_rl.presets", "LOSS_PRESETS"),
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -32,47 +32,8 @@ from typing import Any, Callable, Literal
 
 import yaml
 
-ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
-    # name: episode-level advantage, loss preset (LOSS_PRESETS), GiGPO step credit, and the step
-    # level's normalization when step credit is turned on.
-    "grpo": {"advantage": "grpo", "loss": "grpo", "step_credit": False, "step_normalize": "mean_std"},
-    "drgrpo": {"advantage": "drgrpo", "loss": "drgrpo", "step_credit": False, "step_normalize": "mean"},
-    "dapo": {"advantage": "grpo", "loss": "dapo", "step_credit": False, "step_normalize": "mean_std"},
-    "gspo": {"advantage": "grpo", "loss": "gspo", "step_credit": False, "step_normalize": "mean_std"},
-    "rloo": {"advantage": "rloo", "loss": "rloo", "step_credit": False, "step_normalize": "mean"},
-    "cispo": {"advantage": "grpo", "loss": "cispo", "step_credit": False, "step_normalize": "mean_std"},
-    # GiGPO credit with Dr.GRPO's mean-centred advantages at both levels (no std: a group whose
-    # returns barely differ keeps small advantages) and GSPO-token's sequence-level ratio. The
-    # invalid-action penalty belongs in algo.invalid_penalty, outside the group statistics.
-    "gigpo": {"advantage": "drgrpo", "loss": "gspo_token", "step_credit": True, "step_normalize": "mean"},
-}
-"""Algorithm presets. Each sets the episode-level advantage, the loss preset, whether GiGPO
-step-level credit is added and how step returns are normalized. ``algo.advantage``, ``algo.loss``,
-``algo.step_credit`` and ``algo.step_normalize`` override one part, so ``algo=dapo
-algo.step_credit=true`` is DAPO's loss with GiGPO credit and ``algo=gigpo algo.loss=grpo`` is GiGPO
-credit with GRPO's token-level ratio."""
-
-LOSS_PRESETS: dict[str, dict[str, Any]] = {
-    # DeepSeekMath GRPO: token ratio, symmetric clip, per-sequence token mean, k3 KL to the reference.
-    "grpo": dict(ratio_level="token", clip_low=0.2, clip_high=0.2, loss_agg="seq_mean_token_mean", kl_coef=0.001, kl_estimator="k3"),
-    # Dr.GRPO: no length normalization bias: token sum over a constant (B * norm_length); no KL.
-    "drgrpo": dict(ratio_level="token", clip_low=0.2, clip_high=0.2, loss_agg="seq_mean_token_sum_norm", kl_coef=0.0),
-    # DAPO: clip-higher, token-level mean over the batch, no KL (dynamic sampling and overlong
-    # shaping live in the rollout config).
-    "dapo": dict(ratio_level="token", clip_low=0.2, clip_high=0.28, loss_agg="token_mean", kl_coef=0.0),
-    # GSPO: sequence-level ratio (length-normalized), clipped with a much narrower band.
-    "gspo": dict(ratio_level="sequence", clip_low=3e-4, clip_high=4e-4, loss_agg="seq_mean_token_mean", kl_coef=0.0),
-    # GSPO-token: the GSPO ratio value with per-token gradients (for per-token advantages).
-    "gspo_token": dict(ratio_level="sequence_token", clip_low=3e-4, clip_high=4e-4, loss_agg="seq_mean_token_mean", kl_coef=0.0),
-    # RLOO: REINFORCE with the leave-one-out baseline (the advantage mode); no clipping.
-    "rloo": dict(ratio_level="token", clip_low=None, clip_high=None, loss_agg="seq_mean_token_mean", kl_coef=0.0),
-    # CISPO: clipped, stop-gradient importance weight times A * logp; every token keeps a gradient.
-    "cispo": dict(ratio_level="token", clip_low=None, clip_high=None, cispo_cap=4.0, loss_agg="token_mean", kl_coef=0.0),
-}
-"""Keyword arguments of ``agent_rl.losses.policy_loss`` for each named loss."""
-
-LOSS_KWARGS = ("ratio_level", "clip_low", "clip_high", "cispo_cap", "loss_agg", "norm_length")
-"""Keys ``algo.loss_kwargs`` may override on top of the loss preset (``agent_rl.losses.policy_loss``)."""
+from agent_rl.batch import KEY_KINDS
+from agent_rl.presets import ALGORITHM_PRESETS, LOSS_KWARGS, LOSS_PRESETS
 
 ACTION_PARSERS = ("first_line", "action_tag", "admissible")
 """How actions are read from completions (``training.prompts.PARSERS`` implements each)."""
@@ -727,8 +688,6 @@ def validate(config: Config) -> None:
     """Range and consistency checks that types alone cannot express."""
     _require(bool(config.env.id.strip()), "env.id", "must not be empty")
     if config.env.anchor_key is not None:
-        from anchors import KEY_KINDS  # numpy only
-
         _require(config.env.anchor_key in KEY_KINDS, "env.anchor_key",
                  f"{config.env.anchor_key!r} is not one of {list(KEY_KINDS)} (or null for the environment's default)")
     _require(config.policy.lora_rank >= 0, "policy.lora_rank", "must be >= 0 (0 = full fine-tuning)")

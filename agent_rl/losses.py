@@ -15,7 +15,7 @@ from typing import Literal
 
 import torch
 
-from agent_rl.config import LOSS_PRESETS  # noqa: F401  (the named losses: policy_loss(**LOSS_PRESETS[name]))
+from agent_rl.presets import LOSS_PRESETS  # noqa: F401  (the named losses: policy_loss(**LOSS_PRESETS[name]))
 
 RatioLevel = Literal["token", "sequence", "sequence_token"]
 LossAgg = Literal["seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"]

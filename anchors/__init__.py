@@ -28,12 +28,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from anchors.fingerprint import error_fingerprint, line_template
+from agent_rl.batch import KEY_KINDS
 from agent_rl.grouping import GroupStats, dense_ids, group_stats, group_steps, rows_by_group
+from anchors.fingerprint import error_fingerprint, line_template
 from anchors.keys import hash_strings, normalize_whitespace, stable_hash64, unique_inverse
 from anchors.similarity import _mix64, cluster_similar, minhash_signatures
 
-KEY_KINDS = ("state", "observation", "fingerprint", "similarity", "context")
 _NEEDS = {
     "state": ("states",),
     "observation": ("observations",),

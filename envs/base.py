@@ -29,6 +29,11 @@ MAX_SPLIT_DRAWS = 1000
 """Instances a reset may draw before it gives up on reaching its seed's split."""
 
 
+class EnvUnavailableError(RuntimeError):
+    """An environment cannot run on this machine (a missing system dependency or data); the message
+    says what is missing and how to get it."""
+
+
 def seed_split(seed: int | None) -> str:
     """The split a reset seed belongs to: ``"eval"`` from ``EVAL_SEED_BASE`` on, else ``"train"`` (also None)."""
     return "eval" if seed is not None and seed >= EVAL_SEED_BASE else "train"

@@ -17,7 +17,8 @@ from typing import Any, Callable
 
 import gymnasium as gym
 
-from anchors import KEY_KINDS
+from agent_rl.batch import KEY_KINDS
+from envs.base import EnvUnavailableError  # noqa: F401  (raised by the suites' environments, exported here)
 
 NAMESPACE = "agent_rl"
 
@@ -28,11 +29,6 @@ class TextEnvSpec:
     description: str
     default_anchor: str
     kwargs: dict[str, Any] = field(default_factory=dict)
-
-
-class EnvUnavailableError(RuntimeError):
-    """An environment cannot run on this machine (a missing system dependency or data); the message
-    says what is missing and how to get it."""
 
 
 _TEXT_ENVS: dict[str, TextEnvSpec] = {}
@@ -108,7 +104,7 @@ def register_suites() -> None:
     if importlib.util.find_spec("textarena") is not None:
         from envs.textarena_env import register_textarena
 
-        _UNAVAILABLE.update(register_textarena())
+        _UNAVAILABLE.update(register_textarena(register_text_env))
     else:
         _UNAVAILABLE["textarena/*"] = "pip install 'agent-rl[textarena]'"
 

@@ -28,8 +28,7 @@ from collections import Counter
 from hashlib import blake2b
 from typing import Any
 
-from envs.base import TextEnv, Transition
-from envs.registration import EnvUnavailableError
+from envs.base import EnvUnavailableError, TextEnv, Transition
 
 EVAL_SPLITS = ("dev", "test")
 DEFAULT_TASK = "find-plant"

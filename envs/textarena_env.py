@@ -26,8 +26,7 @@ from typing import Any, Callable, Iterator
 
 import gymnasium as gym
 
-from envs.base import TextEnv, Transition
-from envs.registration import EnvUnavailableError, register_text_env
+from envs.base import EnvUnavailableError, TextEnv, Transition
 
 NAMESPACE = "textarena"
 ENTRY_POINT = "envs.textarena_env:TextArenaEnv"
@@ -411,9 +410,10 @@ class TextArenaEnv(TextEnv):
         return self.rules.oracle(self._game)
 
 
-def register_textarena() -> dict[str, str]:
-    """Register the adapted games (and the network-data games, which refuse with a clear error at
-    ``gymnasium.make``); return the left-out ids with the reason for each."""
+def register_textarena(register_text_env: Callable[..., None]) -> dict[str, str]:
+    """Register the adapted games with ``register_text_env`` (``envs.registration``'s, passed in: this
+    module sits below the registry) and the network-data games, which refuse with a clear error at
+    ``gymnasium.make``; return the left-out ids with the reason for each."""
     for game, rules in GAMES.items():
         description = f"TextArena {game}: {rules.description}."
         register_text_env(f"{NAMESPACE}/{game}", ENTRY_POINT, description=description, default_anchor="state", game=game)

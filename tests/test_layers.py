@@ -1,0 +1,115 @@
+"""The layers of the code base hold: every import of the project's own modules, at module level or
+inside a function, points down or sideways within a layer, and no chain of imports comes back to
+where it started.
+
+    core        agent_rl.{batch, grouping, advantages, losses, presets}   numpy and torch only
+    envs        envs.*                                                    and the core
+    anchors     anchors.*                                                 and the core
+    config      agent_rl.config                                           and the above
+    training    training.*                                                and the above
+    top         agent_rl (the lazy facade), agent_rl.cli, benchmarks.*    anything
+
+Imports under ``if TYPE_CHECKING:`` are for annotations only and never run, so they are not edges.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("agent_rl", "envs", "anchors", "training", "benchmarks")
+CORE = {"agent_rl.batch", "agent_rl.grouping", "agent_rl.advantages", "agent_rl.losses", "agent_rl.presets"}
+MAY_IMPORT = {
+    "core": {"core"},
+    "envs": {"core", "envs"},
+    "anchors": {"core", "anchors"},
+    "config": {"core", "envs", "anchors", "config"},
+    "training": {"core", "envs", "anchors", "config", "training"},
+    "top": {"core", "envs", "anchors", "config", "training", "top"},
+}
+
+
+def layer(module: str) -> str:
+    if module in CORE:
+        return "core"
+    if module == "agent_rl.config":
+        return "config"
+    package = module.split(".")[0]
+    return {"envs": "envs", "anchors": "anchors", "training": "training"}.get(package, "top")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _type_checking_only(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+
+
+def imported_modules(path: Path, known: set[str]) -> set[str]:
+    """The project's modules ``path`` imports anywhere in its body (``from package import name``
+    counts as the submodule when ``name`` is one)."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if _type_checking_only(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(), filename=str(path)))
+    return {name for name in found if name in known}
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = {module_name(p): p for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
+    return {module: imported_modules(path, set(files)) - {module} for module, path in files.items()}
+
+
+GRAPH = import_graph()
+
+
+def test_the_graph_sees_the_project():
+    assert "agent_rl.config" in GRAPH["training.trainer"]
+    assert "training.learner" in GRAPH["training.trainer"]
+    assert len(GRAPH) > 40
+
+
+@pytest.mark.parametrize("module", sorted(GRAPH))
+def test_imports_point_down(module):
+    upward = sorted(target for target in GRAPH[module] if layer(target) not in MAY_IMPORT[layer(module)])
+    assert not upward, f"{module} ({layer(module)}) imports {[(t, layer(t)) for t in upward]}"
+
+
+def test_no_import_cycles():
+    """Depth-first search; a back edge is a cycle, reported as the chain of modules."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(GRAPH[module]):
+            if state.get(target) == 1:
+                cycles.append(path[path.index(target):] + [target])
+            elif target not in state:
+                visit(target)
+        path.pop()
+        state[module] = 2
+
+    for module in sorted(GRAPH):
+        if module not in state:
+            visit(module)
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
