@@ -34,7 +34,7 @@ from benchmarks.paired_stats import student_t_quantile
 from training.trainer import train
 
 SOAK_OVERRIDES = [
-    "rollout.n_groups=2", "rollout.group_size=4", "rollout.max_turns=10", "rollout.min_batch_rows=0", "optim.minibatch_size=8",
+    "rollout.n_groups=2", "rollout.group_size=2", "rollout.max_turns=10", "rollout.min_batch_rows=0", "optim.minibatch_size=4",
     "sft.steps=50", "sft.episodes=50", "trainer.eval_every=25", "trainer.eval_episodes=8", "trainer.eval_sampled=false",
     "trainer.confirm_episodes=0", "trainer.target_success=null", "trainer.save_every=1", "logging.console=false",
 ]

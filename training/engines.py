@@ -226,6 +226,7 @@ class VLLMEngine:
             reload_logger.addFilter(_RotaryReloadWarning())
         self.stop_ids = stop_token_ids(model, tokenizer)
         self._model_dir = tempfile.mkdtemp(prefix="agent-rl-vllm-")
+        self._weights_dir = tempfile.mkdtemp(prefix="agent-rl-weights-")
         write_untied_checkpoint(model, self._model_dir)
         tokenizer.save_pretrained(self._model_dir)
         dtype = torch.bfloat16 if precision == "bf16" else next(model.parameters()).dtype
@@ -287,13 +288,15 @@ class VLLMEngine:
         return result
 
     def update_weights(self, model: torch.nn.Module) -> None:
-        with tempfile.TemporaryDirectory(prefix="agent-rl-weights-") as directory:
-            write_untied_checkpoint(model, directory)
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": directory})
+        # One directory for every reload, overwritten: vllm caches each weights path's file listing
+        # for the life of the process, so a fresh directory per reload grows that cache every iteration.
+        write_untied_checkpoint(model, self._weights_dir)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": self._weights_dir})
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
 
     def close(self) -> None:
-        shutil.rmtree(self._model_dir, ignore_errors=True)
+        for directory in (self._model_dir, self._weights_dir):
+            shutil.rmtree(directory, ignore_errors=True)
         del self.llm
 
 
