@@ -32,6 +32,7 @@ from typing import Any, Callable, Literal
 
 import yaml
 
+from agent_rl.advantages import EPISODE_MODES, EPISODE_STATS, STEP_NORMALIZE
 from agent_rl.batch import KEY_KINDS
 from agent_rl.presets import ALGORITHM_PRESETS, LOSS_KWARGS, LOSS_PRESETS
 
@@ -218,16 +219,16 @@ def _default_rollout() -> RolloutConfig:
 class AlgorithmConfig:
     """Credit assignment and policy loss (presets: ``ALGORITHM_PRESETS``)."""
 
-    preset: Literal["grpo", "drgrpo", "dapo", "gspo", "rloo", "cispo", "gigpo"] = "gigpo"
+    preset: Literal[tuple(ALGORITHM_PRESETS)] = "gigpo"
     """Algorithm preset: sets ``advantage``, ``loss`` and ``step_credit`` unless those are given."""
-    advantage: Literal["grpo", "drgrpo", "rloo", "none"] | None = None
+    advantage: Literal[(*EPISODE_MODES, "none")] | None = None
     """Episode-level advantage: grpo (R-mean)/(std+eps), drgrpo R-mean, rloo leave-one-out, or none (no
     trajectory-level term: step credit alone, which needs step credit on); None = preset."""
     loss: str | None = None
     """Loss preset name from ``agent_rl.losses.LOSS_PRESETS``; None = the algorithm preset's loss."""
     step_credit: bool | None = None
     """Add GiGPO step-level advantages (anchor groups); None = the preset's choice (True for gigpo only)."""
-    episode_stats: Literal["trajectory", "step"] = "trajectory"
+    episode_stats: Literal[EPISODE_STATS] = "trajectory"
     """Episode statistics count each trajectory once (paper Eq. 3) or every row (verl-agent)."""
     gamma: float = 1.0
     """Discount of the step-level return-to-go used by GiGPO step advantages. 1 (undiscounted) compares
@@ -236,7 +237,7 @@ class AlgorithmConfig:
     instance, something a policy that sees one room cannot know (the GiGPO paper uses 0.95)."""
     step_weight: float = 1.0
     """Weight omega of the step-level advantage: A = A_episode + omega * A_step."""
-    step_normalize: Literal["mean_std", "mean"] | None = None
+    step_normalize: Literal[STEP_NORMALIZE] | None = None
     """Step-level normalization within an anchor group: (R-mean)/(std+eps) or R-mean; None = preset."""
     invalid_penalty: float = 0.5
     """Subtracted from the advantage of each step whose action was invalid, on that step alone (not

@@ -17,7 +17,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from agent_rl.advantages import discounted_returns, gigpo_advantages
+from agent_rl.advantages import discounted_returns, episode_advantages, step_advantages
 from benchmarks.common import best_of, write_result
 
 GAMMA = 0.95
@@ -46,12 +46,13 @@ def synthetic_batch(n_rows: int, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def vectorized(batch: dict[str, np.ndarray]) -> np.ndarray:
-    traj, rewards = batch["traj"], batch["rewards"]
+    """GiGPO credit with the library's functions: GRPO episode advantages (one member per
+    trajectory) plus ``STEP_WEIGHT`` x step advantages normalized within anchor groups."""
+    traj, group, rewards = batch["traj"], batch["group"], batch["rewards"]
     step_returns = discounted_returns(rewards, traj, GAMMA)
     episode_returns = np.bincount(traj, weights=rewards)[traj]
-    return gigpo_advantages(
-        episode_returns, step_returns, batch["group"], traj, batch["keys"], step_weight=STEP_WEIGHT, eps=EPS
-    )
+    episode = episode_advantages(episode_returns, group, traj, mode="grpo", stats="trajectory", eps=EPS)
+    return episode + STEP_WEIGHT * step_advantages(step_returns, group, batch["keys"], normalize="mean_std", eps=EPS)
 
 
 def per_row_loop(rewards, traj, group, keys) -> list:
@@ -128,7 +129,7 @@ def main() -> None:
         console.log(f"{n:>9,} rows: vectorized {vector_seconds * 1e3:.1f} ms, loop {loop_seconds * 1e3:.1f} ms "
                     f"({loop_seconds / vector_seconds:.1f}x), loop on lists {lists_seconds * 1e3:.1f} ms "
                     f"({lists_seconds / vector_seconds:.1f}x)")
-    table = Table(title="discounted_returns + gigpo_advantages")
+    table = Table(title="discounted_returns + episode_advantages + step_advantages")
     for column in ("rows", "vectorized (ms)", "loop (ms)", "speedup", "loop on lists (ms)", "speedup"):
         table.add_column(column, justify="right")
     for r in rows:
