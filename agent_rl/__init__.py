@@ -15,7 +15,7 @@ _LAZY = {
     # configs
     "Config": ("agent_rl.config", "Config"),
     "load_config": ("agent_rl.config", "load_config"),
-    "resolve": ("agent_rl.config", "resolve"),
+    "resolve": ("training.resolution", "resolve"),
     # training, resuming and evaluating (what the CLI does)
     "Trainer": ("training.trainer", "Trainer"),
     "train": ("training.trainer", "train"),

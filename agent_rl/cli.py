@@ -87,7 +87,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     import os
     from pathlib import Path
 
-    from agent_rl.config import load_config
+    from agent_rl.config import load_config, load_default_config
 
     def run() -> int:
         from training.trainer import default_run_dir, train
@@ -99,7 +99,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
                 raise FileNotFoundError(f"--resume {args.resume}: no config.yaml there (not a run directory)")
             config = load_config(saved, [*imports, *args.overrides, f"trainer.run_dir={args.resume}"])
         else:
-            config = load_config(args.config, [*imports, *args.overrides])
+            overrides = [*imports, *args.overrides]
+            config = load_config(args.config, overrides) if args.config else load_default_config(overrides)
         if args.nproc < 1:
             raise ValueError(f"--nproc must be >= 1, got {args.nproc}")
         if args.resume != "auto":  # 'auto' needs the run directory the job named (the trainer says so)
@@ -206,9 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "train",
         help="train a policy with GRPO-family losses and optional GiGPO step credit",
-        description="Train on the embedded defaults (Maze, GiGPO, the tiny model), a recipe "
-        "(--config maze|sokoban|textworld|minicode|FILE) and key=value overrides, e.g. "
-        "agent-rl train env.id=agent_rl/Maze-v0 algo=gigpo trainer.iterations=50",
+        description="Train with a recipe (--config maze|sokoban|textworld|minicode|FILE) and key=value "
+        "overrides. With no --config: the main job (the maze recipe: Maze, GiGPO, the tiny model), or the "
+        "library defaults when the overrides name another environment, e.g. "
+        "agent-rl train env.id=mypkg.envs:mypkg/Lock-v0 trainer.iterations=50",
     )
     p.add_argument("--config", metavar="FILE", help="YAML config file or bundled recipe name")
     p.add_argument("--resume", metavar="RUN_DIR|auto",

@@ -188,9 +188,9 @@ class Job:
 
 
 def config_of(job: Job):
-    from agent_rl.config import load_config
+    from agent_rl.config import load_default_config
 
-    return load_config(overrides=job.overrides())
+    return load_default_config(job.overrides())  # what ``agent-rl train`` trains with
 
 
 MOVING_SETTINGS = ("trainer.run_dir", "policy.name_or_path")

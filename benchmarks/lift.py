@@ -1,7 +1,8 @@
 """What RL adds: held-out success before and after the RL phase, per case and seed.
 
-Every case trains the embedded model with the embedded defaults on one environment (only what the
-case is about is overridden: the environment, and the warm start where the case names one). Each
+Every case trains the embedded model as ``agent-rl train`` does without ``--config`` on one
+environment (only what the case is about is overridden: the environment, and the warm start where the
+case names one): the main job's Maze recipe on the Maze, the library defaults on any other environment. Each
 (case, seed) is one ``agent-rl train`` run: its iteration 0 is the warm start, evaluated on 128
 held-out episodes greedily and sampled at the rollout temperature, then the RL iterations, evaluated
 the same way every ``eval_every`` iterations, with no early stop. The RL lift of a run is its final
@@ -70,7 +71,7 @@ class Case:
     name: str
     description: str
     overrides: tuple[str, ...]
-    """Config overrides on top of the embedded defaults."""
+    """Config overrides on top of what ``agent-rl train`` starts from (``load_default_config``)."""
     iterations: int
     eval_every: int
     goal: Goal
@@ -211,13 +212,13 @@ def run_summary(records: list[dict]) -> dict[str, Any]:
 def random_play_success(case: Case, episodes: int = RANDOM_PLAY_EPISODES) -> float | None:
     """Success of uniformly random admissible actions on the case's held-out seeds (None where the
     environment lists no admissible actions)."""
-    from agent_rl.config import load_config
+    from agent_rl.config import load_default_config
     from training.envpool import env_factory
     from training.evaluation import eval_seeds
     from training.policy import load_policy
     from training.sft import collect_demonstrations
 
-    config = load_config(overrides=list(case.overrides))
+    config = load_default_config(case.overrides)
     _, tokenizer = load_policy("embedded")
     try:
         demos = collect_demonstrations(env_factory(config), tokenizer, config.rollout, mode="random",
@@ -360,7 +361,7 @@ def plot(summary: dict[str, Any], out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from agent_rl.config import ConfigError, load_config
+    from agent_rl.config import ConfigError, load_default_config
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -388,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = tuple(args.set)
     try:
         for case in cases:  # a bad key or value fails here, before any run starts
-            load_config(overrides=[*COMMON, *case.overrides, *settings])
+            load_default_config([*COMMON, *case.overrides, *settings])
     except ConfigError as exc:
         parser.error(str(exc))
     runs = plan(cases, seeds, args.out, settings)

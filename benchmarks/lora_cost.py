@@ -36,13 +36,14 @@ from rich.progress import Progress
 from rich.table import Table
 
 import envs  # noqa: F401  (registers the bundled environments)
-from agent_rl.config import load_config, resolve
+from agent_rl.config import load_config
 from benchmarks.common import write_result
 from training import checkpoint
 from training.engines import write_untied_checkpoint
 from training.learner import Learner
 from training.policy import add_lora, load_policy
 from training.prompts import PromptFormat
+from training.resolution import resolve
 
 RECIPE = "smollm2-maze"
 COPIES = 4  # trajectories per group: the recipe's group size

@@ -64,7 +64,7 @@ LEARNER_OF_THEN = ("optim.minibatch_size=0", "optim.epochs=1", "optim.warmup_ste
                    "algo.row_weight=turn", "rollout.temperature=1", "rollout.min_batch_rows=0")
 """The update schedule and credit weighting every arm below ran with: minibatches counted, one
 epoch, no warmup, negative advantages at full weight, every turn weighing the same, sampling at
-temperature 1. The embedded defaults have since changed them (``current`` runs those). The update
+temperature 1. The main job's recipe has since changed them (``current`` runs it). The update
 itself now leaves zero-advantage rows out and deals whole trajectories into the minibatches, so a
 rerun of an arm is close to the committed runs, not identical with them."""
 ARMS: dict[str, tuple[str, ...]] = {
@@ -83,9 +83,9 @@ ARMS: dict[str, tuple[str, ...]] = {
     "step-stats": (*EMBEDDED_BEFORE, "algo.episode_stats=step"),
 }
 ARMS = {name: (*LEARNER_OF_THEN, *arm) if arm else arm for name, arm in ARMS.items()}
-"""Each arm is a set of config overrides on top of the embedded defaults (the main job); each names
+"""Each arm is a set of config overrides on top of the main job's recipe (``maze``); each names
 every learner setting it depends on (with ``LEARNER_OF_THEN``), so it reproduces whatever the
-defaults are; ``current`` is the embedded defaults themselves."""
+recipe holds; ``current`` is the recipe itself."""
 WARM_START_BEFORE = ("env.kwargs.oracle=shortest", "sft.steps=300", "sft.episodes=400", "sft.lr_schedule=constant",
                      "sft.batch_size=16", "sft.perturb=0")
 """The main job's warm start when the learner arms were compared (``--warm-start before``): 300
@@ -112,7 +112,7 @@ def mean_ci(values) -> dict[str, float]:
 def warm_start(seed: int, args: argparse.Namespace) -> Path:
     """The seed's shared warm start, trained once: the main job's iteration 0 (``--warm-start
     default``) or ``WARM_START_BEFORE``'s."""
-    from agent_rl.config import load_config
+    from agent_rl.config import DEFAULT_RECIPE, load_config
     from training import checkpoint
     from training.trainer import train
 
@@ -120,14 +120,15 @@ def warm_start(seed: int, args: argparse.Namespace) -> Path:
     if not (run_dir / "DONE").exists():
         shutil.rmtree(run_dir, ignore_errors=True)
         before = WARM_START_BEFORE if args.warm_start == "before" else ()
-        train(load_config(overrides=[*COMMON, *before, f"engine={args.engine}", f"trainer.seed={seed}", f"trainer.run_dir={run_dir}",
-                                     "trainer.iterations=0", f"trainer.torch_threads={args.threads}"]))
+        train(load_config(DEFAULT_RECIPE, [*COMMON, *before, f"engine={args.engine}", f"trainer.seed={seed}",
+                                           f"trainer.run_dir={run_dir}", "trainer.iterations=0",
+                                           f"trainer.torch_threads={args.threads}"]))
         (run_dir / "DONE").touch()
     return checkpoint.find_checkpoint(run_dir, "sft").model_dir
 
 
 def run_arm(arm: str, seed: int, args: argparse.Namespace) -> list[dict]:
-    from agent_rl.config import load_config
+    from agent_rl.config import DEFAULT_RECIPE, load_config
     from training.logger import read_metrics
     from training.trainer import train
 
@@ -135,7 +136,7 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace) -> list[dict]:
     if not (run_dir / "DONE").exists():
         start = [] if arm in WARM_START_ARMS else [f"policy={warm_start(seed, args)}", "sft.mode=none"]
         shutil.rmtree(run_dir, ignore_errors=True)
-        train(load_config(overrides=[
+        train(load_config(DEFAULT_RECIPE, [
             *COMMON, *KNOWN_ARMS[arm], f"engine={args.engine}", *start, f"trainer.seed={seed}",
             f"trainer.run_dir={run_dir}", f"trainer.iterations={args.iterations}", f"trainer.eval_every={args.eval_every}",
             f"trainer.eval_episodes={args.eval_episodes}", f"trainer.torch_threads={args.threads}",

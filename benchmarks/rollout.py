@@ -35,12 +35,13 @@ from rich.progress import Progress
 from rich.table import Table
 
 import envs  # noqa: F401  (registers the bundled environments)
-from agent_rl.config import ACTION_PARSERS, RolloutConfig, vllm_available
+from agent_rl.config import ACTION_PARSERS, RolloutConfig
 from benchmarks.common import best_of, write_result
 from training.engines import SamplingParams, make_engine
 from training.envpool import RegisteredEnv
 from training.policy import load_policy
 from training.prompts import PromptFormat
+from training.resolution import vllm_available
 from training.rollout import collect_rollouts
 
 ENV_ID = "agent_rl/Maze-v0"

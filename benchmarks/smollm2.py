@@ -22,12 +22,13 @@ import time
 import torch
 from rich.console import Console
 
-from agent_rl.config import vllm_available
 from benchmarks.common import write_result
 from training.engines import HFEngine, SamplingParams, make_engine
 from training.learner import sequence_logprobs
 from training.models import model_file
-from training.policy import file_sha256, gguf_policy_dir, load_policy
+from training.gguf import file_sha256, gguf_policy_dir
+from training.policy import load_policy
+from training.resolution import vllm_available
 
 NAME = "smollm2-135m-instruct"
 QUESTIONS = [

@@ -1,6 +1,6 @@
 """Memory and open files over a long run: the main job's learner for 200 iterations on the tiny model.
 
-One ``agent-rl train`` run in this process with the embedded defaults (the Maze, GiGPO, the tiny
+One ``agent-rl train`` run in this process with the main job's recipe (the Maze, GiGPO, the tiny
 policy, the default engine: vLLM when it is installed) and smaller batches (``SOAK_OVERRIDES``, then
 ``--set``), saving a checkpoint at every iteration, the heaviest schedule. After every iteration it
 records the resident memory of this process and of its child processes (an engine may run in one),
@@ -28,7 +28,7 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from agent_rl.config import load_config
+from agent_rl.config import DEFAULT_RECIPE, load_config
 from benchmarks.common import RESULTS_DIR, write_result
 from benchmarks.paired_stats import student_t_quantile
 from training.trainer import train
@@ -114,8 +114,8 @@ def verdict(name: str, values: np.ndarray, growth: dict[str, float]) -> bool:
 
 
 def soak(iterations: int, settle: int, overrides: list[str], run_dir: Path, console: Console) -> dict[str, Any]:
-    config = load_config(overrides=[*SOAK_OVERRIDES, f"trainer.iterations={iterations}", f"trainer.run_dir={run_dir}",
-                                    *overrides])
+    config = load_config(DEFAULT_RECIPE, [*SOAK_OVERRIDES, f"trainer.iterations={iterations}",
+                                          f"trainer.run_dir={run_dir}", *overrides])
     columns = ("iteration", *SERIES, "elapsed_s")
     # Preallocated: the record itself must not add a Python object per iteration.
     table = np.full((iterations + 1, len(columns)), np.nan)

@@ -1,4 +1,4 @@
-"""Benchmark the README main job: ``agent-rl train`` on the embedded defaults (Maze, GiGPO, the tiny
+"""Benchmark the README main job: ``agent-rl train`` with no config: the maze recipe (Maze, GiGPO, the tiny
 model, vllm if available else hf) until the run stops at its target.
 
 The run stops as the trainer decides: greedy success on ``trainer.confirm_episodes`` held-out mazes
@@ -43,7 +43,7 @@ def eval_curve(records: list[dict]) -> list[dict[str, float | None]]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
-    from agent_rl.config import config_to_dict, load_config
+    from agent_rl.config import config_to_dict, load_default_config
     from training.logger import read_metrics
     from training.trainer import train
 
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = parser.parse_args(argv)
     run_dir = Path(tempfile.mkdtemp(prefix="bench-train-maze-"))
-    config = load_config(overrides=[f"trainer.run_dir={run_dir}", *args.overrides])
+    config = load_default_config([f"trainer.run_dir={run_dir}", *args.overrides])
     target = config.trainer.target_success
     if target is None:
         raise SystemExit("benchmarks.train_maze measures the time to trainer.target_success; it must not be null")

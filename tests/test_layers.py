@@ -5,7 +5,7 @@ where it started.
     core        agent_rl.{batch, grouping, advantages, losses, presets}   numpy and torch only
     envs        envs.*                                                    and the core
     anchors     anchors.*                                                 and the core
-    config      agent_rl.config.*                                         and the above
+    config      agent_rl.config.*                                         and the core
     training    training.*                                                and the above
     top         agent_rl (the lazy facade), agent_rl.cli, benchmarks.*    anything
 
@@ -26,7 +26,7 @@ MAY_IMPORT = {
     "core": {"core"},
     "envs": {"core", "envs"},
     "anchors": {"core", "anchors"},
-    "config": {"core", "envs", "anchors", "config"},
+    "config": {"core", "config"},
     "training": {"core", "envs", "anchors", "config", "training"},
     "top": {"core", "envs", "anchors", "config", "training", "top"},
 }

@@ -597,7 +597,8 @@ def resume_run(
 
     A missing or corrupt checkpoint is refused, never replaced by another: the error names the
     run's intact checkpoints and the command that resumes from each."""
-    from agent_rl.config import config_from_dict, config_to_dict, resolve
+    from agent_rl.config import config_from_dict, config_to_dict
+    from training.resolution import resolve
 
     try:
         found = find_checkpoint(run_dir, which)

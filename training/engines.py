@@ -316,7 +316,7 @@ def write_untied_checkpoint(model: torch.nn.Module, directory: str) -> None:
 
 
 def make_engine(kind: str, model: torch.nn.Module, tokenizer, **kwargs) -> HFEngine | VLLMEngine:
-    """``kind`` ``hf`` or ``vllm``; ``kwargs`` go to the engine (``agent_rl.config.resolve`` turns a
+    """``kind`` ``hf`` or ``vllm``; ``kwargs`` go to the engine (``training.resolution.resolve`` turns a
     config's ``auto`` into one of them)."""
     if kind == "hf":
         return HFEngine(model, tokenizer, **kwargs)
@@ -422,7 +422,7 @@ def engine_from_config(config, model: torch.nn.Module, tokenizer) -> Engine:
     ``scale.engine_replicas`` replicas of it on Ray (:class:`RayEngine`)."""
     engine, scale, seed, precision = config.engine, config.scale, config.trainer.seed, config.policy.precision
     if engine.kind not in ("hf", "vllm"):
-        raise ValueError(f"engine.kind {engine.kind!r} is not resolved; pass agent_rl.config.resolve(config)")
+        raise ValueError(f"engine.kind {engine.kind!r} is not resolved; pass training.resolution.resolve(config)")
     if scale.engine_replicas > 0:
         return RayEngine(
             model, tokenizer, n_replicas=scale.engine_replicas, kind=engine.kind, seed=seed, address=scale.ray_address,

@@ -14,11 +14,12 @@ from typing import Any, Callable, Sequence
 
 from rich.console import Console
 
-from agent_rl.config import Config, RolloutConfig, load_config, resolve
+from agent_rl.config import Config, RolloutConfig, load_config, load_default_config
 from envs import EVAL_SEED_BASE
 from training.engines import Engine, engine_from_config
 from training.envpool import EnvFactory, EnvPool, env_factory, env_pool
 from training.prompts import PromptFormat
+from training.resolution import resolve
 from training.rollout import SEED_HIGH, PlayStats, PolicyActor, episode_stats, play_episodes, sampling_params
 
 assert EVAL_SEED_BASE > SEED_HIGH  # training seeds are drawn below SEED_HIGH
@@ -121,7 +122,8 @@ def evaluate_policy(
     console: Console | None = None,
 ) -> dict[str, Any]:
     """Evaluate a run directory (its ``best``/``last`` checkpoint, its config) or a model directory
-    (embedded/default config) on held-out seeds; returns the eval metrics (``agent-rl eval``)."""
+    (the default recipe's config, ``agent_rl.config.load_default_config``) on held-out seeds; returns
+    the eval metrics (``agent-rl eval``)."""
     from training import checkpoint
     from training.distributed import resolve_device
     from training.policy import load_policy
@@ -134,7 +136,7 @@ def evaluate_policy(
         base.insert(0, f"env.id={env_id}")
         if is_run and env_id != load_config(target / "config.yaml").env.id:
             base.insert(0, "env.kwargs={}")  # another environment's constructor arguments do not carry over
-    config = load_config(target / "config.yaml" if is_run else None, base)
+    config = load_config(target / "config.yaml", base) if is_run else load_default_config(base)
     if episodes is not None:
         config.trainer.eval_episodes = episodes
     make_env = env_factory(config)

@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agent_rl.advantages import compute_advantages
-from agent_rl.config import Config, ConfigError, config_to_dict, resolve, save_config
+from agent_rl.config import Config, ConfigError, config_to_dict, save_config
 from envs import AUTO_SFT_REASONS
 from training import checkpoint
 from training.distributed import (
@@ -40,6 +40,7 @@ from training.evaluation import evaluate_heldout, target_reached
 from training.learner import Learner
 from training.logger import RunLogger
 from training.policy import add_lora, is_lora
+from training.resolution import resolve
 from training.rollout import anchor_keys, collect_rollouts
 from training.sft import warm_start
 
@@ -89,7 +90,7 @@ class Trainer:
         console: Console | None = None,
         on_iteration: Callable[[int, dict[str, float]], None] | None = None,
     ) -> None:
-        """``config`` is resolved here (``agent_rl.config.resolve``). ``engine`` generates with
+        """``config`` is resolved here (``training.resolution.resolve``). ``engine`` generates with
         ``model``'s weights (synced after every update); None builds ``config.engine``'s.
         With ``policy.lora_rank`` > 0 a model without adapters gets fresh LoRA adapters (peft injects
         them into its modules) and only they train.

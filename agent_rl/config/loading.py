@@ -238,6 +238,20 @@ def load_config(
     return config_from_dict(data)
 
 
+DEFAULT_RECIPE = "maze"
+"""The bundled recipe that ``agent-rl train`` runs when given no ``--config`` (the main job), and that
+``agent-rl eval`` evaluates a model directory with."""
+
+
+def load_default_config(overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """``DEFAULT_RECIPE`` with ``overrides``; when the overrides name another environment, the library
+    defaults with them instead: a recipe's settings (its environment's arguments, the warm start's
+    sizes, the prompt) belong to its environment."""
+    if load_config(None, overrides).env.id != load_config(DEFAULT_RECIPE).env.id:
+        return load_config(None, overrides)
+    return load_config(DEFAULT_RECIPE, overrides)
+
+
 def save_config(config: Config, path: str | Path) -> None:
     """Write ``config.yaml`` atomically: a reader (another learner resuming) never sees half a file."""
     path = Path(path)

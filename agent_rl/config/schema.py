@@ -21,22 +21,6 @@ class ConfigError(ValueError):
     """A configuration key or value is invalid; the message names the key."""
 
 
-DEFAULT_ENV_ID = "agent_rl/Maze-v0"
-"""The environment of the embedded defaults (the main job)."""
-
-DEFAULT_ENV_KWARGS: dict[str, Any] = {
-    "n_rooms": 4, "n_locked_doors": 1, "dead_ends": 1, "extra_edges": 0, "n_distractors": 0, "max_steps": 20,
-    "oracle": "explore",
-}
-"""The main job's Maze: ``env.kwargs`` when ``env.id`` is ``DEFAULT_ENV_ID`` and no kwargs are given."""
-
-MAZE_SFT_SIZES = {"steps": 1200, "episodes": 4000}
-"""The warm start's size for the default environment id (the main job's oracle clone)."""
-GENERIC_SFT_SIZES = {"steps": 300, "episodes": 500}
-"""The warm start's size for any other environment when the config leaves it open: a random-action
-warm start stops at its format target long before, and a recipe names its own sizes."""
-
-
 # ---- the sections -------------------------------------------------------------------------------
 
 
@@ -44,15 +28,14 @@ warm start stops at its format target long before, and a recipe names its own si
 class EnvConfig:
     """Which environment to train on."""
 
-    id: str = DEFAULT_ENV_ID
+    id: str = "agent_rl/Maze-v0"
     """Registered Gymnasium id (bundled or user-registered), or Gymnasium's ``module:ns/Name-vN`` form,
     which imports ``module`` (registering the environment) first; with an environment factory passed
     to the trainer, the run's name for its environment."""
-    kwargs: dict[str, Any] | None = None
-    """Constructor arguments passed to ``gymnasium.make(id, **kwargs)`` (difficulty knobs); None is the
-    main job's Maze knobs (``DEFAULT_ENV_KWARGS``) for the default id and ``{}`` for any other id, so a
-    config naming another environment never inherits the Maze's arguments. ``env.kwargs.KEY=VALUE``
-    edits that default."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Constructor arguments passed to ``gymnasium.make(id, **kwargs)`` (difficulty knobs); empty uses
+    the environment's own defaults. ``env.kwargs.KEY=VALUE`` sets one. Arguments the environment
+    refuses are a config error naming ``env.id`` and ``env.kwargs``."""
     imports: list[str] = field(default_factory=list)
     """Modules imported before ``gymnasium.make``; importing them registers user environments."""
     anchor_key: str | None = None
@@ -62,10 +45,6 @@ class EnvConfig:
 
     _shorthand = "id"
 
-    def __post_init__(self) -> None:
-        if self.kwargs is None:
-            self.kwargs = dict(DEFAULT_ENV_KWARGS) if self.id == DEFAULT_ENV_ID else {}
-
 
 @dataclass
 class PolicyConfig:
@@ -74,20 +53,22 @@ class PolicyConfig:
     name_or_path: str = "embedded"
     """``embedded`` (the tiny built-in model), a known model (``smollm2-135m-instruct``, installed with
     ``agent-rl models install NAME``), a local GGUF file (dequantized once into a cached Hugging Face
-    directory) or a local Hugging Face model directory."""
+    directory), a local Hugging Face model directory, or a LoRA checkpoint directory (loaded as its
+    base model with the adapter merged in)."""
     device: str = "auto"
     """``auto`` (cuda when available, else cpu), ``cpu``, ``cuda`` or ``cuda:N``."""
     precision: Literal[PRECISIONS] = "fp32"
     """``fp32``, or ``bf16``: the forward passes of the learner, the warm start and the hf engine run
-    under bfloat16 autocast while weights, optimizer state and losses stay float32. Needs a CUDA GPU
-    with bf16 or a CPU with AVX512-BF16 or AMX; elsewhere the trainer refuses it."""
+    under bfloat16 autocast (vLLM serves bfloat16 weights) while weights, gradients, optimizer state
+    and the loss stay float32. Needs a CUDA GPU with bf16 or a CPU with AVX512-BF16 or AMX; on any
+    other device the trainer refuses it with a ``ConfigError``."""
     cache_dir: str | None = None
     """Where the embedded model and GGUF conversions are cached; None uses ``$AGENT_RL_CACHE/policies``
     (default: the user cache directory)."""
     lora_rank: int = 0
-    """Rank of LoRA adapters (``peft``, the ``lora`` extra) on ``lora_target_modules``; only the adapters
-    are trained, rollouts use the merged weights and checkpoints hold the adapter alone. 0 trains every
-    weight (full fine-tuning)."""
+    """Rank of LoRA adapters (``peft``, the ``lora`` extra: ``pip install -e ".[lora]"``) on
+    ``policy.lora_target_modules``. Only the adapters train (the warm start too); engines serve the
+    merged weights; checkpoints hold the adapter alone. 0 trains every weight (full fine-tuning)."""
     lora_alpha: float = 32.0
     """LoRA scaling numerator: an adapter's update is ``(alpha / rank) * B @ A``."""
     lora_target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
@@ -119,7 +100,7 @@ class RolloutConfig:
 
     n_groups: int = 8
     """Groups (distinct seeds, i.e. distinct initial states) per batch."""
-    group_size: int = 4
+    group_size: int = 8
     """Trajectories per group, all reset with the group's seed."""
     max_turns: int = 20
     """A trajectory still running after this many turns is cut (``done`` and ``truncated``)."""
@@ -135,8 +116,8 @@ class RolloutConfig:
     max_new_tokens: int = 24
     """Generation limit per turn; a response that hits it is ``overlong``. The warm start warns when a
     demonstrated reply is longer (its action could never be played)."""
-    temperature: float = 1.0
-    """Sampling temperature."""
+    temperature: float = 0.7
+    """Sampling temperature; below 1, samples stay closer to the greedy policy that is evaluated."""
     top_p: float = 1.0
     """Nucleus sampling mass; keep 1.0 for on-policy RL (the learner does not renormalize)."""
     parser: Literal[ACTION_PARSERS] = "first_line"
@@ -148,7 +129,7 @@ class RolloutConfig:
     max_admissible_actions: int = 0
     """List at most this many admissible actions, in the environment's order (0: all); keeps prompts
     short where the list is long (TextWorld, ScienceWorld). The ``admissible`` parser accepts all of them."""
-    min_batch_rows: int = 0
+    min_batch_rows: int = 256
     """Collect further rounds of ``n_groups`` groups (fresh seeds) until the batch holds at least this
     many rows (turns), within ``max_resample_rounds`` extra rounds: an environment of one-step
     episodes then gives the learner as many rows per iteration as a multi-step one (64 one-step
@@ -161,15 +142,6 @@ class RolloutConfig:
     """Reward subtracted from a response at the token limit (0 disables overlong shaping)."""
     overlong_buffer: int = 0
     """Tokens before the limit over which the penalty ramps up linearly (0: only at the limit)."""
-
-
-def _default_rollout() -> RolloutConfig:
-    # The main-job recipe: 8 groups x 8 trajectories, the last turn in the prompt (without it a greedy
-    # reactive policy walks back and forth), and room for the longest Maze action (9 tokens + EOS with
-    # the embedded tokenizer); at least 256 rows, so one-step environments play 4 rounds; temperature
-    # 0.7, so samples stay closer to the greedy policy that is evaluated.
-    return RolloutConfig(n_groups=8, group_size=8, max_turns=20, history_turns=1, max_new_tokens=12, min_batch_rows=256,
-                         temperature=0.7)
 
 
 RESPELLED: dict[str, dict[Any, Any]] = {"algo.step_credit": {True: "anchor", False: "none"}}
@@ -287,19 +259,18 @@ class SFTConfig:
     """oracle (clone the environment's oracle plans), random (clone uniformly random admissible actions:
     format, not task), none, or auto: oracle when the environment gives oracle plans, else random when
     its reset info lists ``admissible_actions``, else none. The resolved config records the choice."""
-    steps: int | None = None
-    """Optimizer steps of supervised training; None is 1,200 for the default environment id (the
-    main job's oracle clone, ``MAZE_SFT_SIZES``) and 300 for any other (``GENERIC_SFT_SIZES``)."""
+    steps: int = 300
+    """Optimizer steps of supervised training (a random-action warm start stops at its
+    ``format_target`` long before; the Maze recipe's oracle clone takes 1,200)."""
     lr: float = 1e-3
     """AdamW learning rate of the warm start (the peak, under a schedule)."""
     lr_schedule: Literal["constant", "cosine"] = "cosine"
     """constant, or cosine: linear warmup over the first 5% of the steps, then cosine decay towards 0."""
     batch_size: int = 16
     """(prompt, response) pairs per step."""
-    episodes: int | None = None
-    """Episodes played to build the demonstration set (distinct seeds); None is 4,000 for the default
-    environment id and 500 for any other (collecting 4,000 episodes of a game with a long rules text
-    takes minutes)."""
+    episodes: int = 500
+    """Episodes played to build the demonstration set (distinct seeds); collecting thousands of
+    episodes of a game with a long rules text takes minutes."""
     perturb: float = 0.1
     """oracle mode: probability that a demonstration turn plays a random action instead (not cloned;
     the oracle plans again from there), so the clone learns to recover from detours and errors."""
@@ -314,7 +285,7 @@ class SFTConfig:
     the clone reached (DAgger); the remaining steps draw half of every batch from those pairs. 0
     disables it."""
     dagger_fraction: float = 0.25
-    """Fraction of ``steps`` trained after the DAgger round; the learning-rate schedule runs on."""
+    """Fraction of ``sft.steps`` trained after the DAgger round; the learning-rate schedule runs on."""
     format_target: float | None = 0.95
     """random mode: stop cloning once at least this share of the replies sampled (at the rollout's
     temperature) for held-out demonstration prompts name an admissible action, checked every 25
@@ -393,7 +364,7 @@ class Config:
     """Policy model."""
     engine: EngineConfig = field(default_factory=EngineConfig)
     """Generation engine."""
-    rollout: RolloutConfig = field(default_factory=_default_rollout)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """Rollout collection and prompts."""
     algo: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     """Credit assignment and loss."""
@@ -407,9 +378,3 @@ class Config:
     """Logging."""
     scale: ScaleConfig = field(default_factory=ScaleConfig)
     """Ray environment actors and engine replicas."""
-
-    def __post_init__(self) -> None:
-        sizes = MAZE_SFT_SIZES if self.env.id == DEFAULT_ENV_ID else GENERIC_SFT_SIZES
-        for name, value in sizes.items():
-            if getattr(self.sft, name) is None:
-                setattr(self.sft, name, value)

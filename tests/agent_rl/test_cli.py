@@ -45,3 +45,19 @@ def test_the_train_command_leaves_the_sigterm_handler_as_it_found_it():
     before = signal.getsignal(signal.SIGTERM)
     main(["train", "trainer.iteratons=5"])
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_train_without_a_config_runs_the_main_job_unless_another_environment_is_named(monkeypatch, tmp_path):
+    import training.trainer
+    from agent_rl.config import config_to_dict, load_config
+
+    trained = []
+    monkeypatch.setattr(training.trainer, "train", lambda config, **kwargs: trained.append(config))
+    run_dir = f"trainer.run_dir={tmp_path}"
+    assert main(["train", "trainer.seed=3", run_dir]) == 0
+    assert main(["train", "--config", "sokoban", run_dir]) == 0
+    assert main(["train", "env=userpkg/Lock-v0", run_dir]) == 0
+    expected = [load_config("maze", ["trainer.seed=3", run_dir]), load_config("sokoban", [run_dir]),
+                load_config(None, ["env=userpkg/Lock-v0", run_dir])]
+    assert [config_to_dict(c) for c in trained] == [config_to_dict(c) for c in expected]
+    assert trained[2].env.kwargs == {} and trained[0].env.kwargs["n_rooms"] == 4

@@ -17,7 +17,6 @@ from agent_rl.config import (
     config_to_dict,
     load_config,
     parse_override,
-    resolve,
     resolve_algorithm,
 )
 
@@ -131,47 +130,34 @@ def test_step_credit_combines_with_any_loss():
     assert algo.loss_kwargs["clip_low"] == 3e-4 and algo.step_credit == "anchor"
 
 
-def test_resolve_makes_every_open_choice_once(monkeypatch):
-    import agent_rl.config.resolution as config_module
-
-    for importable, kind in ((True, "vllm"), (False, "hf")):
-        monkeypatch.setattr(config_module, "vllm_available", lambda importable=importable: importable)
-        assert resolve(Config()).engine.kind == kind
-    assert resolve(load_config(overrides=["engine=hf"])).engine.kind == "hf"
-    # The anchor kind: the environment's registered default, unless one is set.
-    assert resolve(Config()).env.anchor_key == "state"
-    assert resolve(load_config("minicode")).env.anchor_key == "fingerprint"
-    assert resolve(load_config("minicode", ["env.anchor_key=observation"])).env.anchor_key == "observation"
-    # A label for a user's environment factory: no registered default (sft.mode=auto would need the env).
-    assert resolve(load_config(overrides=["env.id=label/NotRegistered-v0", "sft.mode=none"])).env.anchor_key == "observation"
-    # Dr.GRPO's constant normalizer is the generation limit, unless set.
-    drgrpo = load_config(overrides=["algo=drgrpo", "rollout.max_new_tokens=7"])
-    assert resolve(drgrpo).algo.loss_kwargs["norm_length"] == 7
-    assert resolve(load_config(overrides=["algo=drgrpo", "algo.loss_kwargs.norm_length=30"])).algo.loss_kwargs["norm_length"] == 30
-    assert resolve(Config()).algo.loss_kwargs["norm_length"] is None  # gigpo's gspo_token needs none
-    # The input is left alone, and resolving twice changes nothing.
-    config = Config()
-    once = resolve(config)
-    assert config.algo.advantage is None and config.env.anchor_key is None and config.sft.mode == "auto"
-    assert once.sft.mode == "oracle"  # the Maze gives oracle plans
-    assert config_to_dict(resolve(once)) == config_to_dict(once)
-    assert (once.algo.advantage, once.algo.loss, once.algo.step_normalize) == ("drgrpo", "gspo_token", "mean")
-
-
-def test_resolved_config_round_trips_through_yaml(tmp_path):
-    from agent_rl.config import save_config
-
-    resolved = resolve(load_config(overrides=["algo=dapo", "engine=hf"]))
-    save_config(resolved, tmp_path / "config.yaml")
-    assert config_to_dict(load_config(tmp_path / "config.yaml")) == config_to_dict(resolved)
-
-
-def test_every_recipe_loads_and_maze_recipe_is_the_embedded_default():
+def test_every_recipe_loads_and_the_maze_recipe_adds_only_what_belongs_to_its_environment():
     recipes = sorted(RECIPES.glob("*.yaml"))
     assert {p.stem for p in recipes} >= {"maze", "sokoban", "textworld", "minicode"}
     for path in recipes:
         load_config(path)
-    assert config_to_dict(load_config("maze")) == config_to_dict(Config())
+    # The library defaults are the main job's learner; the recipe adds its Maze, warm start and prompt.
+    def keys(config):
+        return {f"{section}.{key}": value for section, values in config_to_dict(config).items() for key, value in values.items()}
+
+    recipe, library = keys(load_config("maze")), keys(Config())
+    assert {key for key in library if recipe[key] != library[key]} == {
+        "env.kwargs", "rollout.history_turns", "rollout.max_new_tokens", "sft.steps", "sft.episodes"}
+    assert (library["env.kwargs"], library["sft.steps"], library["sft.episodes"]) == ({}, 300, 500)
+    assert recipe["env.id"] == library["env.id"] == "agent_rl/Maze-v0"
+
+
+def test_the_default_config_is_the_main_job_unless_the_overrides_name_another_environment():
+    from agent_rl.config import DEFAULT_RECIPE, load_default_config
+
+    main_job = config_to_dict(load_config(DEFAULT_RECIPE))
+    assert config_to_dict(load_default_config()) == main_job
+    assert config_to_dict(load_default_config(["env=agent_rl/Maze-v0"])) == main_job
+    seeded = load_default_config(["trainer.seed=3", "env.kwargs.n_rooms=6"])
+    assert seeded.trainer.seed == 3 and seeded.env.kwargs == {**main_job["env"]["kwargs"], "n_rooms": 6}
+    for overrides in (["env.id=userpkg/Lock-v0"], ["env=userpkg/Lock-v0", "sft.steps=7"]):
+        assert config_to_dict(load_default_config(overrides)) == config_to_dict(load_config(None, overrides)), overrides
+    user = load_default_config(["env.id=userpkg/Lock-v0"])
+    assert (user.env.kwargs, user.sft.steps, user.rollout.max_new_tokens) == ({}, 300, 24)
 
 
 def test_round_trip_through_yaml(tmp_path):
@@ -196,11 +182,11 @@ def test_save_config_replaces_the_file_atomically(tmp_path):
     assert list(tmp_path.iterdir()) == [path]
 
 
-def test_building_a_config_imports_neither_torch_nor_training():
+def test_building_a_config_imports_neither_torch_nor_training_nor_an_environment():
     code = (
         "import sys; from agent_rl.config import load_config; "
         "load_config('sokoban', ['algo=drgrpo', 'rollout.parser=action_tag', 'env.anchor_key=similarity']); "
-        "loaded = [m for m in sys.modules if m == 'torch' or m.split('.')[0] == 'training']; "
+        "loaded = [m for m in sys.modules if m.split('.')[0] in ('torch', 'training', 'envs', 'anchors', 'gymnasium')]; "
         "assert not loaded, loaded"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
@@ -225,30 +211,14 @@ def test_oracle_recipes_keep_the_warm_start_their_committed_results_used(recipe)
     assert Config().sft.perturb > 0
 
 
-def test_env_kwargs_default_only_for_the_default_environment():
-    from agent_rl.config import DEFAULT_ENV_KWARGS, EnvConfig
-
-    assert Config().env.kwargs == DEFAULT_ENV_KWARGS and EnvConfig(id="userpkg/Lock-v0").kwargs == {}
-    for overrides in (["env.id=userpkg/Lock-v0"], ["env=userpkg/Lock-v0"], ["env.id=mod:agent_rl/Maze-v0"]):
-        assert load_config(overrides=overrides).env.kwargs == {}, overrides
-    # Sub-key edits start from the default of the final id, in either order.
+def test_env_kwargs_start_empty_and_take_sub_keys():
+    assert Config().env.kwargs == {} and load_config(overrides=["env.id=userpkg/Lock-v0"]).env.kwargs == {}
     for overrides in (["env.id=userpkg/Lock-v0", "env.kwargs.digits=4"], ["env.kwargs.digits=4", "env.id=userpkg/Lock-v0"]):
         assert load_config(overrides=overrides).env.kwargs == {"digits": 4}, overrides
-    assert load_config(overrides=["env.kwargs.n_rooms=9"]).env.kwargs == {**DEFAULT_ENV_KWARGS, "n_rooms": 9}
-    assert load_config(overrides=["env.kwargs={}"]).env.kwargs == {}  # a whole mapping replaces the default
-    # Recipes that name their environment and its kwargs keep them; one without kwargs gets {}.
+    maze = load_config("maze", ["env.kwargs.n_rooms=9"]).env.kwargs
+    assert maze["n_rooms"] == 9 and maze["oracle"] == "explore"
+    assert load_config("maze", ["env.kwargs={}"]).env.kwargs == {}  # a whole mapping replaces the recipe's
+    # Recipes that name their environment and its kwargs keep them.
     for name in ("sokoban", "minicode"):
         assert load_config(name).env.kwargs == yaml.safe_load((RECIPES / f"{name}.yaml").read_text())["env"]["kwargs"]
     assert load_config(base={"env": {"id": "agent_rl/Sokoban-v0"}}).env.kwargs == {}
-
-
-def test_the_warm_start_sizes_are_the_main_jobs_only_for_its_environment():
-    from agent_rl.config import GENERIC_SFT_SIZES, MAZE_SFT_SIZES, config_from_dict, config_to_dict
-
-    main_job = load_config()
-    assert (main_job.sft.steps, main_job.sft.episodes) == (MAZE_SFT_SIZES["steps"], MAZE_SFT_SIZES["episodes"]) == (1200, 4000)
-    user = load_config(overrides=["env.id=agent_rl/Sokoban-v0"])
-    assert (user.sft.steps, user.sft.episodes) == (GENERIC_SFT_SIZES["steps"], GENERIC_SFT_SIZES["episodes"]) == (300, 500)
-    named = load_config(overrides=["env.id=agent_rl/Sokoban-v0", "sft.steps=7"])
-    assert (named.sft.steps, named.sft.episodes) == (7, 500)
-    assert config_from_dict(config_to_dict(user)) == user  # the resolved sizes are written out

@@ -122,7 +122,7 @@ def test_engine_and_sampling_arguments_are_validated(policy):
     model, tokenizer = policy
     with pytest.raises(ValueError, match="unknown engine"):
         make_engine("tgi", model, tokenizer)
-    with pytest.raises(ValueError, match="unknown engine 'auto'"):  # agent_rl.config.resolve decides what auto is
+    with pytest.raises(ValueError, match="unknown engine 'auto'"):  # training.resolution.resolve decides what auto is
         make_engine("auto", model, tokenizer)
     with pytest.raises(ValueError, match="temperature"):
         SamplingParams(temperature=0.0)

@@ -158,7 +158,8 @@ register_text_env("test_pool/Counted-v0", CountedEnv, description="Counts its bu
 def test_the_config_check_the_sft_choice_and_the_probe_build_one_environment():
     import pickle
 
-    from agent_rl.config import load_config, resolve
+    from agent_rl.config import load_config
+    from training.resolution import resolve
     from training.envpool import env_factory
 
     config = load_config(overrides=["env=test_pool/Counted-v0", "sft.mode=auto", "engine=hf"])

@@ -18,9 +18,11 @@ pytest.importorskip("accelerate", reason="transformers needs accelerate (dev ext
 
 import gguf  # noqa: E402
 
-import training.policy as policy_module  # noqa: E402
+import training.gguf as gguf_module  # noqa: E402
 from training.engines import HFEngine, SamplingParams, make_engine  # noqa: E402
-from training.policy import GGUF_RECORD, GGUFError, gguf_policy_dir, load_policy, policy_dir, train_tokenizer  # noqa: E402
+from training.embedded import train_tokenizer  # noqa: E402
+from training.gguf import GGUF_RECORD, GGUFError, gguf_policy_dir  # noqa: E402
+from training.policy import load_policy, policy_dir  # noqa: E402
 from test_engines import max_logprob_gap, perturbed  # noqa: E402
 
 TOLERANCE = 1e-3  # max abs logprob difference, float32
@@ -140,8 +142,8 @@ def tiny(tokenizer, tmp_path_factory):
 def conversions(monkeypatch):
     """Counts real conversions."""
     calls = []
-    real = policy_module.convert_gguf
-    monkeypatch.setattr(policy_module, "convert_gguf", lambda *a: (calls.append(a[0]), real(*a)))
+    real = gguf_module.convert_gguf
+    monkeypatch.setattr(gguf_module, "convert_gguf", lambda *a: (calls.append(a[0]), real(*a)))
     return calls
 
 
@@ -188,7 +190,7 @@ def test_converted_directory_is_a_complete_hugging_face_model(tiny):
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", GGUF_RECORD} <= names
     assert "chat_template.jinja" in names or "chat_template" in json.loads((directory / "tokenizer_config.json").read_text())
     record = json.loads((directory / GGUF_RECORD).read_text())
-    assert record["source"] == str(path.resolve()) and record["sha256"] == policy_module.file_sha256(path)
+    assert record["source"] == str(path.resolve()) and record["sha256"] == gguf_module.file_sha256(path)
     assert json.loads((directory / "config.json").read_text())["dtype"] == "float32"
     assert not list(directory.glob("*.bin")) and not list(directory.glob("*.pkl"))  # safetensors only
 
@@ -267,11 +269,11 @@ def test_missing_tensors_are_an_error_not_random_weights(tiny, tokenizer, tmp_pa
 
 
 def test_architecture_names_follow_transformers_renames():
-    assert policy_module.gguf_architecture_supported("llama")
-    assert policy_module.gguf_architecture_supported("qwen2moe")
-    assert policy_module.gguf_architecture_supported("gpt-oss")
-    assert not policy_module.gguf_architecture_supported("rwkv7")
-    assert not policy_module.gguf_architecture_supported("general")
+    assert gguf_module.gguf_architecture_supported("llama")
+    assert gguf_module.gguf_architecture_supported("qwen2moe")
+    assert gguf_module.gguf_architecture_supported("gpt-oss")
+    assert not gguf_module.gguf_architecture_supported("rwkv7")
+    assert not gguf_module.gguf_architecture_supported("general")
 
 
 # ---- engines -------------------------------------------------------------------------------------

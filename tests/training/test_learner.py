@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from rich.progress import Progress
 
 from agent_rl.batch import StepBatch
-from agent_rl.config import load_config, resolve
+from agent_rl.config import load_config
 from training.learner import (
     Learner,
     accumulate_policy_gradient,
@@ -27,6 +27,7 @@ from training.learner import (
     step_scale,
     warmup_lr,
 )
+from training.resolution import resolve
 
 
 # ---- teacher-forced logprobs (response_logits, sequence_logprobs) --------------------------------------------------------------------------

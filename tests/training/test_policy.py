@@ -8,14 +8,9 @@ import threading
 import pytest
 import torch
 
-import training.policy as policy_module
-from training.policy import (
-    CHAT_TEMPLATE,
-    PLAIN_CHAT_TEMPLATE,
-    embedded_policy_dir,
-    load_policy,
-    train_tokenizer,
-)
+import training.embedded as embedded_module
+from training.embedded import CHAT_TEMPLATE, train_tokenizer
+from training.policy import PLAIN_CHAT_TEMPLATE, load_policy, policy_dir
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +42,7 @@ def test_embedded_chat_template_renders_and_round_trips(embedded):
 
 def test_embedded_tokenizer_is_trained_on_environment_text(embedded):
     model, tokenizer = embedded
-    covered = json.loads((embedded_policy_dir() / "agent_rl_embedded.json").read_text())["env_ids"]
+    covered = json.loads((policy_dir("embedded") / "agent_rl_embedded.json").read_text())["env_ids"]
     assert "agent_rl/Maze-v0" in covered
     game_text = "You are in the dusty nursery.\nExits: north, east, south (locked door), west."
     ids = tokenizer(game_text, add_special_tokens=False)["input_ids"]
@@ -57,7 +52,7 @@ def test_embedded_tokenizer_is_trained_on_environment_text(embedded):
 
 def test_embedded_directory_reloads_identically(embedded, tmp_path):
     model, tokenizer = embedded
-    again, tokenizer_again = load_policy(embedded_policy_dir())
+    again, tokenizer_again = load_policy(policy_dir("embedded"))
     assert tokenizer_again.get_vocab() == tokenizer.get_vocab()
     for (name, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items()):
         assert torch.equal(a, b), name
@@ -66,10 +61,10 @@ def test_embedded_directory_reloads_identically(embedded, tmp_path):
 def test_build_is_cached_reproducible_and_locked(tmp_path, monkeypatch):
     # One real build into a fresh cache; concurrent callers wait for it instead of building again.
     builds = []
-    real_build = policy_module.build_embedded_policy
-    monkeypatch.setattr(policy_module, "build_embedded_policy", lambda *a: (builds.append(1), real_build(*a)))
+    real_build = embedded_module.build_embedded_policy
+    monkeypatch.setattr(embedded_module, "build_embedded_policy", lambda *a: (builds.append(1), real_build(*a)))
     results = []
-    threads = [threading.Thread(target=lambda: results.append(embedded_policy_dir(tmp_path))) for _ in range(3)]
+    threads = [threading.Thread(target=lambda: results.append(policy_dir("embedded", cache_dir=tmp_path))) for _ in range(3)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -79,7 +74,7 @@ def test_build_is_cached_reproducible_and_locked(tmp_path, monkeypatch):
     assert directory.parent == tmp_path and directory.name.startswith("embedded-")
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging leftovers
     # The seeded build is reproducible: same key, same weights as the shared cache's copy.
-    assert directory.name == embedded_policy_dir().name
+    assert directory.name == policy_dir("embedded").name
     fresh, _ = load_policy(directory)
     shared, _ = load_policy("embedded")
     assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), shared.state_dict().values()))

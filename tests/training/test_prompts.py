@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from training.policy import train_tokenizer
+from training.embedded import train_tokenizer
 from agent_rl.config import ACTION_PARSERS, RolloutConfig, check_rollout
 from training.prompts import PARSERS, SYSTEM_ACTION_TAG, SYSTEM_FIRST_LINE, PromptFormat, Turn, template_corpus
 

@@ -17,6 +17,11 @@ from training.learner import sequence_logprobs
 from training.rollout import collect_rollouts, overlong_shaping
 
 
+def one_round(**kwargs) -> RolloutConfig:
+    """A rollout config that collects one round of groups (the default tops batches up to 256 rows)."""
+    return RolloutConfig(min_batch_rows=0, **kwargs)
+
+
 class CoinEnv(gym.Env):
     """A user-style text env: say "heads" ``steps`` times. The seed's parity picks the prompt mode
     the scripted engine reacts to; ``fail_modulo`` makes some seeds raise in reset or step."""
@@ -120,7 +125,7 @@ def replay_matches(batch, env_id: str, env_kwargs: dict) -> None:
 def test_rollouts_on_bundled_envs_keep_the_step_batch_contract(policy, env_id):
     model, tokenizer = policy
     engine = HFEngine(model, tokenizer, seed=0)
-    config = RolloutConfig(n_groups=2, group_size=2, max_turns=3, history_turns=1, max_new_tokens=6, max_prompt_tokens=640)
+    config = one_round(n_groups=2, group_size=2, max_turns=3, history_turns=1, max_new_tokens=6, max_prompt_tokens=640)
     batch, stats = collect_rollouts(RegisteredEnv(env_id, {}), engine, tokenizer, config, np.random.default_rng(0))
     assert len(np.unique(batch.group_id)) == 2 and len(np.unique(batch.traj_id)) == 4
     check_batch_invariants(batch, config)
@@ -143,7 +148,7 @@ def test_rollouts_on_bundled_envs_keep_the_step_batch_contract(policy, env_id):
 def test_one_batched_generate_call_per_turn_and_rewards(policy):
     _, tokenizer = policy
     engine = ScriptedEngine(tokenizer)
-    config = RolloutConfig(n_groups=3, group_size=2, max_turns=5)
+    config = one_round(n_groups=3, group_size=2, max_turns=5)
     batch, stats = collect_rollouts(RegisteredEnv("test_rollout/Coin-v0", {"steps": 3}), engine, tokenizer, config, np.random.default_rng(1))
     assert [size for size, _ in engine.calls] == [6, 6, 6]  # every active env, one call per turn
     check_batch_invariants(batch, config)
@@ -159,7 +164,7 @@ def test_one_batched_generate_call_per_turn_and_rewards(policy):
 @pytest.mark.parametrize("history_observations", [True, False])
 def test_history_observations_reach_the_prompts(policy, history_observations):
     _, tokenizer = policy
-    config = RolloutConfig(n_groups=1, group_size=1, max_turns=3, history_turns=2, history_observations=history_observations)
+    config = one_round(n_groups=1, group_size=1, max_turns=3, history_turns=2, history_observations=history_observations)
     batch, _ = collect_rollouts(RegisteredEnv("test_rollout/Coin-v0", {"steps": 3}), ScriptedEngine(tokenizer), tokenizer, config, np.random.default_rng(0))
     last_prompt = tokenizer.decode(batch.prompt_ids[-1])
     assert "[Action 2]" in last_prompt
@@ -172,7 +177,7 @@ def test_system_prompt_reaches_rollout_and_warm_start_prompts_alike(policy, syst
     from training.sft import collect_demonstrations
 
     _, tokenizer = policy
-    config = RolloutConfig(n_groups=1, group_size=1, max_turns=2, history_turns=1, system_prompt=system_prompt)
+    config = one_round(n_groups=1, group_size=1, max_turns=2, history_turns=1, system_prompt=system_prompt)
     make_env = RegisteredEnv("test_rollout/Coin-v0", {"steps": 2})
     batch, _ = collect_rollouts(make_env, ScriptedEngine(tokenizer), tokenizer, config, np.random.default_rng(0))
     demos = collect_demonstrations(
@@ -185,7 +190,7 @@ def test_system_prompt_reaches_rollout_and_warm_start_prompts_alike(policy, syst
 
 def test_max_turns_cuts_and_marks_truncation(policy):
     _, tokenizer = policy
-    config = RolloutConfig(n_groups=1, group_size=2, max_turns=2)
+    config = one_round(n_groups=1, group_size=2, max_turns=2)
     batch, _ = collect_rollouts(RegisteredEnv("test_rollout/Coin-v0", {"steps": 5}), ScriptedEngine(tokenizer), tokenizer, config, np.random.default_rng(0))
     assert batch.t.tolist() == [0, 1, 0, 1] and batch.done.tolist() == [False, True, False, True]
     assert batch.truncated.tolist() == [False, True, False, True]
@@ -193,7 +198,7 @@ def test_max_turns_cuts_and_marks_truncation(policy):
 
 def test_dynamic_sampling_drops_only_zero_variance_groups(policy):
     _, tokenizer = policy
-    config = RolloutConfig(n_groups=4, group_size=4, max_turns=2, dynamic_sampling=True, max_resample_rounds=20)
+    config = one_round(n_groups=4, group_size=4, max_turns=2, dynamic_sampling=True, max_resample_rounds=20)
     batch, stats = collect_rollouts(RegisteredEnv("test_rollout/Coin-v0", {}), ScriptedEngine(tokenizer), tokenizer, config, np.random.default_rng(0))
     assert stats["batch_groups"] == 4 and len(np.unique(batch.group_id)) == 4
     for g in np.unique(batch.group_id):
@@ -209,7 +214,7 @@ def test_dynamic_sampling_drops_only_zero_variance_groups(policy):
     assert stats["dropped_groups"] == expected_dropped > 0
     assert stats["trajectories"] == config.group_size * (fourth_odd + 1) and stats["rounds"] >= 2
     # Without dynamic sampling every group stays.
-    plain = RolloutConfig(n_groups=4, group_size=4, max_turns=2)
+    plain = one_round(n_groups=4, group_size=4, max_turns=2)
     batch, stats = collect_rollouts(RegisteredEnv("test_rollout/Coin-v0", {}), ScriptedEngine(tokenizer), tokenizer, plain, np.random.default_rng(0))
     assert stats["dropped_groups"] == 0 and len(np.unique(batch.group_id)) == 4
 
@@ -217,7 +222,7 @@ def test_dynamic_sampling_drops_only_zero_variance_groups(policy):
 def test_dynamic_sampling_stops_at_the_round_cap(policy):
     _, tokenizer = policy
     engine = ScriptedEngine(tokenizer, token_ids=tokenizer("heads", add_special_tokens=False)["input_ids"])
-    config = RolloutConfig(n_groups=2, group_size=2, dynamic_sampling=True, max_resample_rounds=2)
+    config = one_round(n_groups=2, group_size=2, dynamic_sampling=True, max_resample_rounds=2)
     batch, stats = collect_rollouts(RegisteredEnv("test_rollout/Coin-v0", {}), engine, tokenizer, config, np.random.default_rng(0))
     assert len(batch) == 0 and stats["rounds"] == 3 and stats["dropped_groups"] == 6
 
@@ -243,7 +248,7 @@ def test_min_batch_rows_plays_rounds_until_the_batch_is_that_long(policy):
 def test_an_environment_that_raises_fails_only_its_trajectory(policy):
     _, tokenizer = policy
     kwargs = {"steps": 3, "fail_modulo": 3}  # seed % 3 == 1 raises in reset, seed % 3 == 0 in step 2
-    config = RolloutConfig(n_groups=9, group_size=2, max_turns=4)
+    config = one_round(n_groups=9, group_size=2, max_turns=4)
     batch, stats = collect_rollouts(RegisteredEnv("test_rollout/Coin-v0", kwargs), ScriptedEngine(tokenizer), tokenizer, config, np.random.default_rng(5))
     rng = np.random.default_rng(5)
     seeds = np.array([int(rng.integers(0, 2**31 - 1)) for _ in range(9)])
@@ -258,7 +263,7 @@ def test_an_environment_that_raises_fails_only_its_trajectory(policy):
 def test_garbage_output_is_an_invalid_action(policy):
     _, tokenizer = policy
     garbage = tokenizer("\n\n<|user|>\x00 ### ???", add_special_tokens=False)["input_ids"]
-    config = RolloutConfig(n_groups=1, group_size=2, max_turns=2)
+    config = one_round(n_groups=1, group_size=2, max_turns=2)
     for parser in ("first_line", "action_tag"):
         engine = ScriptedEngine(tokenizer, token_ids=garbage)
         batch, stats = collect_rollouts(RegisteredEnv("test_rollout/Coin-v0", {"steps": 2}), engine, tokenizer, RolloutConfig(**{**config.__dict__, "parser": parser}), np.random.default_rng(0))
@@ -273,7 +278,7 @@ def test_overlong_responses_are_marked_and_shaped(policy):
     assert overlong_shaping(np.array([9, 10]), 10, 0.5, 0).tolist() == [0.0, -0.5]
     heads = tokenizer("heads", add_special_tokens=False)["input_ids"]
     engine = ScriptedEngine(tokenizer, token_ids=heads, finish_reason="length")
-    config = RolloutConfig(n_groups=1, group_size=2, max_new_tokens=len(heads), overlong_penalty=0.25)
+    config = one_round(n_groups=1, group_size=2, max_new_tokens=len(heads), overlong_penalty=0.25)
     batch, stats = collect_rollouts(RegisteredEnv("test_rollout/Coin-v0", {}), engine, tokenizer, config, np.random.default_rng(0))
     assert batch.overlong.all() and stats["overlong_rate"] == 1.0
     assert batch.reward.tolist() == [0.75, 0.75] and batch.extras["overlong_penalty"].tolist() == [-0.25, -0.25]
@@ -312,14 +317,14 @@ def test_rollouts_take_any_environment_factory_or_a_pool(policy):
     from training.envpool import LocalEnvPool
 
     _, tokenizer = policy
-    config = RolloutConfig(n_groups=2, group_size=2, max_turns=3)
+    config = one_round(n_groups=2, group_size=2, max_turns=3)
     by_class, _ = collect_rollouts(lambda: CoinEnv(steps=2), ScriptedEngine(tokenizer), tokenizer, config, np.random.default_rng(3))
     pool = LocalEnvPool(lambda: CoinEnv(steps=2), 4)
     by_pool, _ = collect_rollouts(pool, ScriptedEngine(tokenizer), tokenizer, config, np.random.default_rng(3))
     assert by_class.action == by_pool.action and by_class.observation == by_pool.observation
     assert pool.env_id == "CoinEnv" and pool.has_oracle is False
     with pytest.raises(ValueError, match="the pool holds 4 'CoinEnv' environments; 6 are needed"):
-        collect_rollouts(pool, ScriptedEngine(tokenizer), tokenizer, RolloutConfig(n_groups=3, group_size=2), np.random.default_rng(3))
+        collect_rollouts(pool, ScriptedEngine(tokenizer), tokenizer, one_round(n_groups=3, group_size=2), np.random.default_rng(3))
     pool.close()
 
 

@@ -1,6 +1,7 @@
 """The choices a config leaves open, made once for every consumer (:func:`resolve`): the engine,
-the environment's anchor key, the warm start's mode and the algorithm preset's parts. This is the
-config's one module that looks at the machine (does vLLM import?) and builds an environment."""
+the environment's anchor key, the warm start's mode and the algorithm preset's parts. Making them
+looks at the machine (does vLLM import?) and builds an environment, so it lives here, above the
+config (``agent_rl.config``), which only describes and checks values."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import copy
 import importlib
 from typing import Any, Callable
 
-from agent_rl.config.schema import Config, ConfigError, EnvConfig
-from agent_rl.config.validation import resolve_algorithm, validate
+import envs
+from agent_rl.config import Config, ConfigError, EnvConfig, resolve_algorithm, validate
 
 
 def vllm_available() -> bool:
@@ -25,9 +26,7 @@ def default_anchor_key(env_id: str) -> str:
     """The anchor key kind registered for ``env_id`` (``envs.register_text_env``; ``module:ns/Name-vN``
     imports ``module`` first); ``observation`` for any other environment (a plain Gymnasium env, or a
     label for a user's environment factory)."""
-    from envs import registry_id, text_env_specs  # gymnasium, no torch
-
-    spec = text_env_specs().get(registry_id(env_id))
+    spec = envs.text_env_specs().get(envs.registry_id(env_id))
     return spec.default_anchor if spec is not None else "observation"
 
 
@@ -36,8 +35,6 @@ def make_configured_env(env: EnvConfig) -> Any:
     registered environment (or a ``module:`` that does not import) and an environment that refuses
     its kwargs raise a :class:`ConfigError` naming the keys."""
     import gymnasium as gym
-
-    import envs
 
     try:
         envs.import_modules(env.imports)
@@ -72,20 +69,18 @@ def resolve(config: Config, make_env: Callable[[], Any] | None = None) -> Config
 
     Resolving a resolved config changes nothing, so configs written before resolution existed (with
     ``auto`` and nulls) compare equal to their resolved form once resolved."""
-    from envs import auto_sft_mode, import_modules, return_env
-
     resolved = copy.deepcopy(config)
     if resolved.engine.kind == "auto":
         resolved.engine.kind = "vllm" if vllm_available() else "hf"
     if resolved.env.anchor_key is None:
-        import_modules(resolved.env.imports)
+        envs.import_modules(resolved.env.imports)
         resolved.env.anchor_key = default_anchor_key(resolved.env.id)
     if resolved.sft.mode == "auto":
         env = make_env() if make_env is not None else make_configured_env(resolved.env)
         try:
-            resolved.sft.mode = auto_sft_mode(env)
+            resolved.sft.mode = envs.auto_sft_mode(env)
         finally:
-            return_env(make_env, env)
+            envs.return_env(make_env, env)
     resolved.algo = resolve_algorithm(resolved.algo, norm_length=resolved.rollout.max_new_tokens)
     validate(resolved)
     return resolved
