@@ -2,7 +2,8 @@
 
 Every cell (environment, method, seed) trains from the warm start of its (environment, seed), which
 all methods share, with the same seed stream and the same held-out evaluation episodes (common random
-numbers), so the per-seed difference between a method and the baseline is what is tested.
+numbers), so the per-seed difference between a method and the baseline is what is tested. The warm
+start's run evaluates it once (iteration 0, shared by the seed's cells, which skip that evaluation).
 
 **Pilot gate.** Before any comparison on an environment, its pilot (the baseline cell of the first
 seed) must gain at least ``--gate`` points of sampled success over its warm start: the mean of its last
@@ -11,7 +12,7 @@ trained and the report says so. The report also applies the gate's rule to the b
 
     python -m benchmarks.credit_assignment            # the full grid
     python -m benchmarks.credit_assignment --quick    # a tiny grid in a few minutes (the test suite runs it)
-    agent-rl bench credit [--quick] [--envs maze] [--methods grpo,gigpo-state] [--seeds 5] [--workers 2]
+    agent-rl bench credit [--quick] [--envs maze] [--methods gigpo-state] [--seeds 10] [--workers 2]
                           [--gate 15] [--out DIR] [--report]
 
 Cells run as ``agent-rl train`` processes, ``--workers`` at a time with one torch thread each.
@@ -19,7 +20,7 @@ Finished cells are skipped on a rerun and a cell killed midway resumes from its 
 results directory whose cells were trained with other settings is refused, never reused.
 ``--report`` writes the report on the cells finished so far (a grid in progress) and trains nothing.
 
-Outputs under ``--out`` (default ``benchmarks/results/credit_assignment``): per cell ``runs/<env>/<method>/seed<k>/``
+Outputs under ``--out`` (default ``benchmarks/results/credit_grid``): per cell ``runs/<env>/<method>/seed<k>/``
 (``metrics.jsonl``, ``config.yaml``, ``settings.json``; checkpoints are not committed), ``summary.json``,
 ``summary.md``, ``success_<env>.png`` (curves) and ``paired_<env>.png`` (per-seed differences).
 """
@@ -54,43 +55,38 @@ class Environment:
 
 
 METHODS: dict[str, tuple[str, ...]] = {
-    "grpo": ("algo=grpo",),
-    "drgrpo": ("algo=drgrpo",),
-    "gigpo-state": ("algo=grpo", "algo.step_credit=anchor", "env.anchor_key=state"),
-    "gigpo-context": ("algo=grpo", "algo.step_credit=anchor", "env.anchor_key=context"),
-    "gigpo-observation": ("algo=grpo", "algo.step_credit=anchor", "env.anchor_key=observation"),
-    "gigpo-fingerprint": ("algo=grpo", "algo.step_credit=anchor", "env.anchor_key=fingerprint"),
-    "graph-state": ("algo=grpo", "algo.step_credit=graph", "env.anchor_key=state"),
+    "trajectory": ("algo.step_credit=none",),
+    "gigpo-state": ("algo.step_credit=anchor", "env.anchor_key=state"),
+    "gigpo-context": ("algo.step_credit=anchor", "env.anchor_key=context"),
+    "gigpo-observation": ("algo.step_credit=anchor", "env.anchor_key=observation"),
+    "gigpo-fingerprint": ("algo.step_credit=anchor", "env.anchor_key=fingerprint"),
+    "graph-state": ("algo.step_credit=graph", "env.anchor_key=state"),
+    "graph-fingerprint": ("algo.step_credit=graph", "env.anchor_key=fingerprint"),
 }
-"""Each method is config overrides on top of its environment's. The GiGPO and graph methods are GRPO
-plus step credit (same loss, same episode-level advantage), so they differ from ``grpo`` in step
-credit alone."""
+"""Each method is config overrides on top of its environment's. Every method trains with the library's
+learner (the ``gigpo`` preset's Dr.GRPO mean-centred episode advantages and GSPO-token ratio, and the
+learner defaults) and differs in step credit alone: ``trajectory`` has none (trajectory-only credit),
+the GiGPO methods add anchor credit, the graph methods graph credit."""
 
-# Every cell: the hf engine, one torch thread (results do not depend on --workers), no KL, no early stop,
-# greedy and sampled evaluation. Episode statistics count rows (algo.episode_stats=step): with
-# trajectory statistics a group's advantages sum to zero over trajectories but not over rows, and
-# failing trajectories (which run to the step limit) then push the batch away from what it sampled.
-# Step returns discounted by 0.95 and no invalid-action penalty, as the committed pilots ran.
+# Every cell: the hf engine, one torch thread (results do not depend on --workers), no early stop,
+# greedy and sampled evaluation; otherwise the library's learner defaults.
 COMMON = (
-    "engine=hf", "trainer.torch_threads=1", "algo.kl_coef=0", "algo.episode_stats=step", "algo.gamma=0.95",
-    "algo.invalid_penalty=0",
-    "trainer.target_success=null", "trainer.eval_sampled=true", "logging.tensorboard=false", "logging.console=false",
+    "engine=hf", "trainer.torch_threads=1", "trainer.target_success=null", "trainer.eval_sampled=true",
+    "logging.tensorboard=false", "logging.console=false",
 )
 
 # Sizes: each cell's iteration costs about what the main job's does on one thread; evaluations (128
-# held-out episodes, sampled and greedy) every 10 iterations.
+# held-out episodes, sampled and greedy) at iterations 0 (the warm start's run), 10 and 20. The warm
+# starts were chosen by pilots of an earlier learner (benchmarks/results/credit_pilots/):
 # - Maze: the main job's mazes, from the clone of an epsilon-greedy explorer (800 cloning steps on
 #   2,000 episodes in which 70% of the turns are a random admissible action, cloned too): its replies
 #   are valid commands but often poor ones, so the baseline has room to learn. A clone stopped early
-#   (280 of 800 expert steps, 39.8% sampled) failed the gate instead: most of its replies were
-#   malformed, and GRPO spread probability over more of them. With 55% random turns the pilot gained
-#   14.8 points, with 70% 27.0 (benchmarks/results/credit_pilots/, all three).
+#   (280 of 800 expert steps) failed that gate instead: most of its replies were malformed. With 55%
+#   random turns the earlier learner's pilot gained 14.8 points, with 70% 27.0.
 # - MiniCode: level 1, whose feedback never repeats verbatim, from the clone of a programmer who
 #   submits a flawed draft (one slip) before each attempt with probability 0.8 (600 cloning steps;
-#   no language reference in the prompt, which the clone learns from its demonstrations). A pilot
-#   trained in one process gained 19.9 points (32.8% sampled success, then 52.3% and 53.1% at
-#   iterations 20 and 30); with drafts at 0.7 (46.1% sampled) it gained nothing, and a clone of the
-#   solution alone (with the reference, 150 steps) gained 0.8 (all under benchmarks/results/credit_pilots/).
+#   no language reference in the prompt, which the clone learns from its demonstrations). The
+#   earlier learner's pilot gained 19.9 points; with drafts at 0.7 it gained nothing.
 FULL_GRID = (
     Environment(
         "maze",
@@ -99,10 +95,9 @@ FULL_GRID = (
          "env.kwargs={n_rooms: 4, n_locked_doors: 1, dead_ends: 1, extra_edges: 0, n_distractors: 0, max_steps: 20, oracle: explore}",
          "rollout.n_groups=8", "rollout.group_size=4", "rollout.max_turns=20", "rollout.history_turns=1",
          "rollout.max_new_tokens=12", "sft.mode=oracle", "sft.steps=800", "sft.epsilon=0.7", "sft.episodes=2000", "sft.perturb=0",
-         "sft.dagger_episodes=0",
-         "optim.lr=2e-4", "optim.minibatch_size=8", "trainer.iterations=30", "trainer.eval_every=10",
+         "sft.dagger_episodes=0", "optim.minibatch_size=8", "trainer.iterations=20", "trainer.eval_every=10",
          "trainer.eval_episodes=128"),
-        ("grpo", "drgrpo", "gigpo-state", "gigpo-context"),
+        ("trajectory", "gigpo-state", "graph-state"),
     ),
     Environment(
         "minicode",
@@ -110,13 +105,12 @@ FULL_GRID = (
         ("env.id=agent_rl/MiniCode-v0",
          "env.kwargs={level: 1, n_tests: 3, max_steps: 4, reference: false, oracle: drafts, draft_rate: 0.8}",
          "rollout.n_groups=8", "rollout.group_size=4", "rollout.max_turns=4", "rollout.history_turns=1",
-         "rollout.max_new_tokens=24", "sft.mode=oracle", "sft.steps=600", "sft.lr_schedule=cosine", "sft.perturb=0",
-         "sft.dagger_episodes=0", "optim.lr=2e-4", "optim.minibatch_size=8", "trainer.iterations=30",
-         "trainer.eval_every=10", "trainer.eval_episodes=128"),
-        ("grpo", "gigpo-observation", "gigpo-fingerprint"),
+         "rollout.max_new_tokens=24", "sft.mode=oracle", "sft.steps=600", "sft.perturb=0", "sft.dagger_episodes=0",
+         "optim.minibatch_size=8", "trainer.iterations=20", "trainer.eval_every=10", "trainer.eval_episodes=128"),
+        ("trajectory", "gigpo-fingerprint", "graph-fingerprint"),
     ),
 )
-FULL_SEEDS = 5
+FULL_SEEDS = 10
 
 QUICK_GRID = (
     Environment(
@@ -128,7 +122,7 @@ QUICK_GRID = (
          "rollout.max_new_tokens=8", "sft.mode=oracle", "sft.steps=2", "sft.episodes=2", "sft.batch_size=4",
          "optim.minibatch_size=2", "trainer.iterations=2", "trainer.eval_every=1", "trainer.eval_episodes=2",
          "optim.micro_batch_size=8"),
-        ("grpo", "gigpo-state", "graph-state"),
+        ("trajectory", "gigpo-state", "graph-state"),
     ),
 )
 QUICK_SEEDS = 2
@@ -172,10 +166,10 @@ class Job:
 
     def overrides(self) -> list[str]:
         """The job's config overrides, without its run directory and start model (which move with ``--out``)."""
-        if self.method is None:  # its cells evaluate it at their iteration 0: one greedy episode here is the least there is
-            return [*COMMON, *self.env.overrides, f"trainer.seed={self.seed}", "trainer.iterations=0",
-                    "trainer.eval_episodes=1", "trainer.eval_sampled=false"]
-        return [*COMMON, *self.env.overrides, *METHODS[self.method], "sft.mode=none", f"trainer.seed={self.seed}"]
+        if self.method is None:  # its iteration-0 evaluation is every cell's of the seed
+            return [*COMMON, *self.env.overrides, f"trainer.seed={self.seed}", "trainer.iterations=0"]
+        return [*COMMON, *self.env.overrides, *METHODS[self.method], "sft.mode=none", f"trainer.seed={self.seed}",
+                "trainer.eval_first=false"]
 
     def command(self) -> list[str]:
         overrides = [*self.overrides(), f"trainer.run_dir={self.run_dir}"]
@@ -239,6 +233,14 @@ def check_settings(job: Job, *, record: bool = False) -> None:
             f"{job.run_dir} was trained with other settings ({len(changed)} differ: {shown}). Results of different "
             "settings are never mixed: use another --out, or delete that directory to retrain it."
         )
+
+
+def cell_records(job: Job) -> list[dict]:
+    """A cell's metrics with its iteration 0 as its warm start's run logged it (with the evaluation the
+    seed's cells share; the cell itself skips it)."""
+    from training.logger import read_metrics
+
+    return [read_metrics(job.warm_start.run_dir)[0], *read_metrics(job.run_dir)[1:]]
 
 
 def evaluations(records: list[dict]) -> list[dict]:
@@ -313,9 +315,7 @@ def launch_order(env_jobs: list[Job]) -> list[Job]:
 
 def finished_gates(jobs: dict[str, list[Job]], gate_points: float) -> dict[str, Gate]:
     """The gates of the environments whose pilot has finished."""
-    from training.logger import read_metrics
-
-    return {name: pilot_gate(name, read_metrics(pilot_of(env_jobs).run_dir), gate_points)
+    return {name: pilot_gate(name, cell_records(pilot_of(env_jobs)), gate_points)
             for name, env_jobs in jobs.items() if pilot_of(env_jobs).done}
 
 
@@ -441,12 +441,8 @@ def summarize(jobs: dict[str, list[Job]], gates: dict[str, Gate], gate_points: f
     summary: dict[str, Any] = {}
     for name, env_jobs in jobs.items():
         env = env_jobs[0].env
-        cells = {m: {job.seed: cell_summary(read_metrics(job.run_dir)) for job in env_jobs if job.method == m and job.done}
+        cells = {m: {job.seed: cell_summary(cell_records(job)) for job in env_jobs if job.method == m and job.done}
                  for m in env.methods}
-        starts = {}  # iteration 0 of every cell of a seed evaluates the same warm start
-        for method_cells in cells.values():
-            for seed, cell in method_cells.items():
-                starts.setdefault(seed, set()).add((cell["sampled_success"][0], cell["greedy_success"][0]))
         learned_seeds = sorted(s for s, cell in cells[env.methods[0]].items() if cell["gain_points"] >= gate_points)
         methods = {}
         for method, seeds in cells.items():
@@ -478,7 +474,6 @@ def summarize(jobs: dict[str, list[Job]], gates: dict[str, Gate], gate_points: f
             "description": env.description,
             "baseline": env.methods[0],
             "gate": None if gate is None else {**vars(gate), "gain": gate.gain, "passed": gate.passed, "text": gate.describe()},
-            "warm_start_shared": all(len(s) == 1 for s in starts.values()),
             "baseline_gain_points": {seed: cell["gain_points"] for seed, cell in sorted(cells[env.methods[0]].items())},
             "baseline_learned_seeds": learned_seeds,
             "gate_points": gate_points,
@@ -500,8 +495,6 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
     for name, env in summary.items():
         lines += [f"## {name}", "", f"{env['description']}.", ""]
         lines.append(f"- {env['gate']['text']}." if env["gate"] else "- The pilot has not finished.")
-        if not env["warm_start_shared"]:
-            lines.append("- **Warning:** the cells of some seed started from different iteration-0 evaluations, so they did not share one warm start.")
         gains = env["baseline_gain_points"]
         if gains:
             learned = len(env["baseline_learned_seeds"])
@@ -595,7 +588,7 @@ def plot(summary: dict[str, Any], out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="a tiny Maze, 2 methods, 2 seeds, 2 iterations")
+    parser.add_argument("--quick", action="store_true", help="a tiny Maze, 3 methods, 2 seeds, 2 iterations")
     parser.add_argument("--envs", help="comma-separated subset of the grid's environments")
     parser.add_argument("--methods", help="comma-separated subset of the methods (each environment keeps its baseline)")
     parser.add_argument("--seeds", type=int, help=f"paired seeds 0..N-1 (default {FULL_SEEDS}; --quick {QUICK_SEEDS})")
@@ -618,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"need --seeds >= 2 (paired differences) and --workers >= 1, got {seeds} and {args.workers}")
     except ValueError as exc:
         parser.error(str(exc))
-    out = args.out or RESULTS_DIR / ("credit_assignment_quick" if args.quick else "credit_assignment")
+    out = args.out or RESULTS_DIR / ("credit_grid_quick" if args.quick else "credit_grid")
     out.mkdir(parents=True, exist_ok=True)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 

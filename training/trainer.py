@@ -263,8 +263,9 @@ class Trainer:
         if self.dist.is_main:
             metrics = warm_start(self.model, self.tokenizer, self.make_env, self.config, self.console, self.engine)
             self.engine.update_weights(self.model)
-            with self._progress() as progress:
-                metrics.update(self.evaluate(progress))
+            if self.config.trainer.eval_first:
+                with self._progress() as progress:
+                    metrics.update(self.evaluate(progress))
             reached = self._finish_iteration(metrics, clock)
         broadcast_parameters(self.model, self.dist)
         self.started = True

@@ -312,6 +312,9 @@ class TrainerConfig:
     """Held-out episodes per evaluation (distinct seeds, never used for training)."""
     eval_sampled: bool = True
     """Also evaluate with sampling (temperature of the rollout), besides greedy."""
+    eval_first: bool = True
+    """Evaluate the warm start at iteration 0. False skips that evaluation: runs that share one warm
+    start (a comparison of methods) evaluate it once, in the run that trains it."""
     target_success: float | None = 0.95
     """Stop once greedy success on the held-out seeds reaches this value (confirmed, see
     ``confirm_episodes``); None trains all iterations."""

@@ -38,6 +38,13 @@ def _write(run_dir: Path, records) -> None:
     (run_dir / "DONE").touch()
 
 
+def _write_cell(job, records) -> None:
+    """A finished cell as the grid writes it: its seed's warm start logged iteration 0 with the shared
+    evaluation, the cell logged its own iteration 0 without one, then its iterations."""
+    _write(job.warm_start.run_dir, records[:1])
+    _write(job.run_dir, [{k: v for k, v in records[0].items() if not k.startswith("eval/")}, *records[1:]])
+
+
 def test_area_under_is_the_mean_height_of_the_curve():
     assert bench.area_under(np.array([0.0, 5, 10]), np.array([0.2, 0.4, 0.6])) == pytest.approx(0.4)
     # Uneven spacing: (0 + 1) / 2 * 10 + 1 * 20 = 25 over 30 iterations.
@@ -57,7 +64,7 @@ def test_pilot_gate_compares_the_last_two_evaluations_with_iteration_zero():
         bench.pilot_gate("maze", _records([0, 5], [0.3, 0.5]), 15.0)
 
 
-def _grid(tmp_path, methods=("grpo", "gigpo-state")):
+def _grid(tmp_path, methods=("trajectory", "gigpo-state")):
     env = bench.Environment("maze", "a test maze", bench.QUICK_GRID[0].overrides, methods)
     return bench.plan((env,), 3, tmp_path)
 
@@ -65,8 +72,8 @@ def _grid(tmp_path, methods=("grpo", "gigpo-state")):
 def test_warm_starts_launch_before_any_cell_and_the_pilot_runs_first(tmp_path):
     jobs = _grid(tmp_path)["maze"]
     order = [(job.seed, job.method) for job in bench.launch_order(jobs)]
-    assert order == [(0, None), (1, None), (2, None), (0, "grpo"), (0, "gigpo-state"),
-                     (1, "grpo"), (1, "gigpo-state"), (2, "grpo"), (2, "gigpo-state")]
+    assert order == [(0, None), (1, None), (2, None), (0, "trajectory"), (0, "gigpo-state"),
+                     (1, "trajectory"), (1, "gigpo-state"), (2, "trajectory"), (2, "gigpo-state")]
     assert bench.pilot_of(jobs) is bench.launch_order(jobs)[3]
 
 
@@ -75,26 +82,24 @@ def test_summary_pairs_each_method_with_the_baseline_on_shared_seeds(tmp_path):
     base_auc = {0: [0.2, 0.3, 0.4], 1: [0.1, 0.1, 0.1], 2: [0.5, 0.5, 0.6]}
     step_auc = {0: [0.2, 0.5, 0.6], 1: [0.1, 0.2, 0.3], 2: [0.5, 0.4, 0.4]}
     for job in jobs["maze"]:
-        if job.method == "grpo":
-            _write(job.run_dir, _records([0, 5, 10], base_auc[job.seed]))
+        if job.method == "trajectory":
+            _write_cell(job, _records([0, 5, 10], base_auc[job.seed]))
         elif job.method == "gigpo-state" and job.seed != 2:  # seed 2 of the treatment is unfinished
-            _write(job.run_dir, _records([0, 5, 10], step_auc[job.seed], invalid=0.05, grouped=0.9))
-        elif job.method is None and job.seed == 0:
-            _write(job.run_dir, [{"iteration": 0, "time/elapsed": 40.0}])
+            _write_cell(job, _records([0, 5, 10], step_auc[job.seed], invalid=0.05, grouped=0.9))
     summary = bench.summarize(jobs, {})["maze"]
-    assert summary["baseline"] == "grpo" and summary["gate"] is None and summary["warm_start_shared"]
-    # 5 finished cells of 11 iterations, 10 s each as logged, and one finished warm start of 40 s.
-    assert summary["compute_seconds"] == {"cells": 550.0, "warm_starts": 40.0}
-    grpo, step = summary["methods"]["grpo"], summary["methods"]["gigpo-state"]
-    # AUCs (trapezoid over 0, 5, 10): grpo 0.3, 0.1, 0.525; gigpo-state 0.45, 0.2.
-    assert [grpo["seeds"][s]["sampled_auc"] for s in (0, 1, 2)] == pytest.approx([0.3, 0.1, 0.525])
-    assert "paired" not in grpo
+    assert summary["baseline"] == "trajectory" and summary["gate"] is None
+    # 5 finished cells of 11 iterations, 10 s each as logged, and 3 finished warm starts of 10 s.
+    assert summary["compute_seconds"] == {"cells": 550.0, "warm_starts": 30.0}
+    trajectory, step = summary["methods"]["trajectory"], summary["methods"]["gigpo-state"]
+    # AUCs (trapezoid over 0, 5, 10): trajectory 0.3, 0.1, 0.525; gigpo-state 0.45, 0.2.
+    assert [trajectory["seeds"][s]["sampled_auc"] for s in (0, 1, 2)] == pytest.approx([0.3, 0.1, 0.525])
+    assert "paired" not in trajectory
     paired = step["paired"]
     assert paired["seeds"] == [0, 1]
     assert paired["sampled_auc"]["per_seed"] == pytest.approx([0.15, 0.1])
     assert paired["sampled_auc"]["mean"] == pytest.approx(0.125) and paired["sampled_auc"]["wins"] == 2
     assert paired["final_invalid_rate"]["per_seed"] == pytest.approx([-0.05, -0.05])
-    assert step["grouped_fraction"]["mean"] == pytest.approx(0.9) and grpo["grouped_fraction"] is None
+    assert step["grouped_fraction"]["mean"] == pytest.approx(0.9) and trajectory["grouped_fraction"] is None
     assert step["credit_share_of_iteration"]["mean"] == pytest.approx(1 / 8)
     bench.write_markdown({"maze": summary}, tmp_path / "summary.md")
     table = (tmp_path / "summary.md").read_text()
@@ -110,10 +115,10 @@ def test_summary_checks_where_the_baseline_learned_and_repeats_the_comparison_th
     step = {0: [0.1, 0.4, 0.4], 1: [0.1, 0.5, 0.5], 2: [0.2, 0.4, 0.6]}
     for job in jobs["maze"]:
         if job.method is not None:
-            _write(job.run_dir, _records([0, 5, 10], (base if job.method == "grpo" else step)[job.seed]))
+            _write_cell(job, _records([0, 5, 10], (base if job.method == "trajectory" else step)[job.seed]))
     summary = bench.summarize(jobs, {}, gate_points=15.0)["maze"]
     assert summary["baseline_gain_points"] == pytest.approx({0: 20.0, 1: 0.0, 2: 20.0})
-    # AUC = (v0 + 2 v1 + v2) / 4: grpo 0.25, 0.1, 0.35; gigpo-state 0.325, 0.4, 0.4.
+    # AUC = (v0 + 2 v1 + v2) / 4: trajectory 0.25, 0.1, 0.35; gigpo-state 0.325, 0.4, 0.4.
     step_summary = summary["methods"]["gigpo-state"]
     assert step_summary["paired"]["sampled_auc"]["per_seed"] == pytest.approx([0.075, 0.3, 0.05])
     learned = step_summary["paired_where_baseline_learned"]
@@ -128,22 +133,14 @@ def test_summary_checks_where_the_baseline_learned_and_repeats_the_comparison_th
     assert "paired_where_baseline_learned" not in bench.summarize(jobs, {}, gate_points=0.0)["maze"]["methods"]["gigpo-state"]
 
 
-def test_summary_flags_cells_of_a_seed_that_did_not_share_a_warm_start(tmp_path):
-    jobs = _grid(tmp_path)
-    for job in jobs["maze"]:
-        if job.method is not None and job.seed == 0:
-            _write(job.run_dir, _records([0, 5, 10], [0.2 if job.method == "grpo" else 0.25, 0.3, 0.4]))
-    summary = bench.summarize(jobs, {})
-    assert not summary["maze"]["warm_start_shared"]
-
-
 def test_settings_are_recorded_then_checked(tmp_path):
     job = _grid(tmp_path)["maze"][1]
     bench.check_settings(job)
     assert not job.run_dir.exists()  # checked, nothing recorded
     bench.check_settings(job, record=True)
     recorded = json.loads((job.run_dir / "settings.json").read_text())
-    assert recorded["algo.preset"] == "grpo" and recorded["trainer.seed"] == 0 and "trainer.run_dir" not in recorded
+    assert recorded["algo.step_credit"] == "none" and recorded["trainer.seed"] == 0 and "trainer.run_dir" not in recorded
+    assert recorded["trainer.eval_first"] is False  # its seed's warm start evaluated iteration 0
     bench.check_settings(job)  # the same settings: accepted
     other = bench.Job(bench.Environment("maze", "", (*job.env.overrides, "optim.lr=5e-5"), job.env.methods),
                       job.seed, job.method, job.run_dir)
@@ -161,7 +158,7 @@ def test_settings_are_recorded_then_checked(tmp_path):
     (stray / "metrics.jsonl").parent.mkdir()
     (stray / "metrics.jsonl").write_text("{}\n")
     with pytest.raises(bench.MixedSettingsError, match="no settings.json"):
-        bench.check_settings(bench.Job(job.env, 0, "grpo", stray))
+        bench.check_settings(bench.Job(job.env, 0, "trajectory", stray))
 
 
 def test_every_full_grid_run_has_valid_settings():
@@ -171,8 +168,10 @@ def test_every_full_grid_run_has_valid_settings():
         for job in env_jobs:
             settings = bench.settings_of(job)
             assert settings["trainer.torch_threads"] == 1 and settings["trainer.target_success"] is None
+            assert settings["trainer.eval_episodes"] >= 128 and settings["trainer.eval_sampled"]
+            assert settings["trainer.eval_first"] == (job.method is None)  # the warm start's run evaluates it
             if job.method is not None:
-                assert settings["sft.mode"] == "none" and settings["trainer.eval_episodes"] >= 128
+                assert settings["sft.mode"] == "none" and settings["algo.preset"] == "gigpo"
                 kind = {"gigpo": "anchor", "graph": "graph"}.get(job.method.split("-")[0], "none")
                 assert resolve(bench.config_of(job)).algo.step_credit == kind
 
@@ -199,19 +198,19 @@ def test_quick_grid_gate_report_resume_and_settings_check(tmp_path, capsys):
     assert sorted(p.parent.name for p in out.glob("runs/maze/*/seed*/DONE")) == ["seed0"]
     assert not (out / "runs/maze/gigpo-state").exists()  # nothing of a gated-out cell is written
     assert "paired" not in summary["methods"]["gigpo-state"]
-    pilot = out / "runs/maze/grpo/seed0/metrics.jsonl"
+    pilot = out / "runs/maze/trajectory/seed0/metrics.jsonl"
     stamp = pilot.stat().st_mtime_ns
     # A gate every pilot passes: the rest of the grid runs and the pilot is reused.
     assert bench.main(["--quick", "--gate", "-100", "--out", str(out)]) == 0
     assert pilot.stat().st_mtime_ns == stamp
     payload = json.loads((out / "summary.json").read_text())
     maze = payload["results"]["maze"]
-    assert maze["gate"]["passed"] and maze["warm_start_shared"]
+    assert maze["gate"]["passed"]
     assert maze["methods"]["gigpo-state"]["paired"]["seeds"] == [0, 1]
     assert maze["methods"]["graph-state"]["paired"]["seeds"] == [0, 1]
     graph_log = [json.loads(line) for line in (out / "runs/maze/graph-state/seed0/metrics.jsonl").read_text().splitlines()]
     assert all("graph/merged_fraction" in record for record in graph_log if record["iteration"] > 0)
-    for method in ("grpo", "gigpo-state", "graph-state"):
+    for method in ("trajectory", "gigpo-state", "graph-state"):
         for cell in maze["methods"][method]["seeds"].values():
             assert cell["iterations"] == [0.0, 1.0, 2.0] and 0.0 <= cell["sampled_auc"] <= 1.0
     assert (out / "success_maze.png").stat().st_size > 0 and (out / "paired_maze.png").stat().st_size > 0

@@ -82,6 +82,17 @@ def test_short_run_writes_logs_checkpoints_and_config(tmp_path, algo):
 
 
 @pytest.mark.slow
+def test_a_run_can_leave_the_warm_start_unevaluated(tmp_path):
+    run_dir = tmp_path / "run"
+    train(load_config(overrides=tiny_overrides(run_dir, "trainer.eval_first=false", "trainer.iterations=1",
+                                               "trainer.eval_every=1")))
+    first, last = read_metrics(run_dir)
+    assert "sft/token_accuracy" in first and not [key for key in first if key.startswith("eval/")]
+    assert "eval/greedy_success" in last
+    assert checkpoint.find_checkpoint(run_dir, "best").iteration == 1  # the first evaluation is the best so far
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("weights", ["full", "lora"])
 def test_resume_continues_exactly(tmp_path, monkeypatch, weights):
     """A resumed run is bit-identical to an uninterrupted one (metrics apart from timings, and the
