@@ -44,21 +44,32 @@ def _raise_stopped(signum: int, frame) -> None:
     raise _Stopped(signum)
 
 
+def _how_to_go_on(run_dir: str | None) -> str:
+    """What a stopped run saved and the command that continues it."""
+    from training.checkpoint import resume_command, saved_iteration
+
+    saved = saved_iteration(run_dir) if run_dir else None
+    if saved is None:
+        return "no checkpoint was saved yet; run the same command again to start over"
+    return f"the last checkpoint is iteration {saved}; continue with: {resume_command(run_dir)}"
+
+
 def _stopped(exc: KeyboardInterrupt, run_dir: str | None) -> int:
     """Say what was saved and how to go on (rank 0 only); returns the conventional status, 128 + signal."""
     import os
 
-    from training.checkpoint import resume_command, saved_iteration
-
     signum = getattr(exc, "signum", signal.SIGINT)
     if os.environ.get("RANK", "0") == "0":
-        saved = saved_iteration(run_dir) if run_dir else None
-        if saved is None:
-            where = "no checkpoint was saved yet; run the same command again to start over"
-        else:
-            where = f"the last checkpoint is iteration {saved}; continue with: {resume_command(run_dir)}"
-        print(f"agent-rl: stopped by {signal.Signals(signum).name}: {where}", file=sys.stderr, flush=True)
+        print(f"agent-rl: stopped by {signal.Signals(signum).name}: {_how_to_go_on(run_dir)}", file=sys.stderr, flush=True)
     return 128 + signum
+
+
+def _out_of_space(exc: OSError, run_dir: str | None) -> int:
+    """A full disk or quota stops the run with one line. Checkpoints are written to a staging directory
+    and renamed, and a metrics line cut short is dropped on resume, so the last checkpoint is intact."""
+    print(f"agent-rl: error: {exc.strerror} (writing {exc.filename or 'the run directory'}): free some space; "
+          f"{_how_to_go_on(run_dir)}", file=sys.stderr, flush=True)
+    return 1
 
 
 def _launch_learners(args: argparse.Namespace, run_dir: str | None) -> int:
@@ -84,6 +95,7 @@ def _launch_learners(args: argparse.Namespace, run_dir: str | None) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    import errno
     import os
     from pathlib import Path
 
@@ -113,6 +125,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
             status = 0
         except KeyboardInterrupt as exc:
             status = _stopped(exc, config.trainer.run_dir)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            status = _out_of_space(exc, config.trainer.run_dir)
         if "WORLD_SIZE" in os.environ:
             # A learner under torchrun sometimes aborts in C++ teardown at interpreter exit ("terminate
             # called without an active exception") after the run has finished and been written; leave

@@ -61,3 +61,25 @@ def test_train_without_a_config_runs_the_main_job_unless_another_environment_is_
                 load_config(None, ["env=userpkg/Lock-v0", run_dir])]
     assert [config_to_dict(c) for c in trained] == [config_to_dict(c) for c in expected]
     assert trained[2].env.kwargs == {} and trained[0].env.kwargs["n_rooms"] == 4
+
+
+def test_a_full_disk_stops_a_run_with_one_line_that_says_how_to_go_on(monkeypatch, tmp_path, capsys):
+    import errno
+    import json
+
+    import training.trainer
+
+    def full_disk(config, **kwargs):
+        (tmp_path / "checkpoints").mkdir()
+        (tmp_path / "checkpoints" / "last.json").write_text(json.dumps({"dir": "iter-000003", "iteration": 3}))
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "metrics.jsonl"))
+
+    monkeypatch.setattr(training.trainer, "train", full_disk)
+    assert main(["train", f"trainer.run_dir={tmp_path}"]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "No space left on device (writing " in err
+    assert f"the last checkpoint is iteration 3; continue with: agent-rl train --resume {tmp_path}" in err
+    # Other OS errors are not this one's to explain.
+    monkeypatch.setattr(training.trainer, "train", lambda config, **kwargs: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
+    with pytest.raises(OSError, match="I/O error"):
+        main(["train", f"trainer.run_dir={tmp_path}"])
