@@ -75,9 +75,12 @@ COMMON = (
     "logging.tensorboard=false", "logging.console=false",
 )
 
-# Sizes: each cell's iteration costs about what the main job's does on one thread; evaluations (128
-# held-out episodes, sampled and greedy) at iterations 0 (the warm start's run), 10 and 20. The warm
-# starts were chosen by pilots of an earlier learner (benchmarks/results/credit_pilots/):
+# Sizes: the library's batches of 8 groups x 8 trajectories, as the main job's: on the Maze with the
+# current learner, trajectory-only credit passed the gate with them (+20.3 points on seed 0) and not
+# with 32 trajectories, in 8 groups of 4 (+2.0) or 4 of 8 (-3.1) (benchmarks/results/credit_pilots/
+# grid_maze_trajectory_baseline/). Evaluations (128 held-out episodes, sampled and greedy) at
+# iterations 0 (the warm start's run), 10 and 20. The warm starts were chosen by pilots of an
+# earlier learner (benchmarks/results/credit_pilots/):
 # - Maze: the main job's mazes, from the clone of an epsilon-greedy explorer (800 cloning steps on
 #   2,000 episodes in which 70% of the turns are a random admissible action, cloned too): its replies
 #   are valid commands but often poor ones, so the baseline has room to learn. A clone stopped early
@@ -93,7 +96,7 @@ FULL_GRID = (
         "the main job's Maze (4 rooms, a locked door, a dead end, 20 steps) from the clone of an explorer that plays a random admissible action on 70% of its turns",
         ("env.id=agent_rl/Maze-v0",
          "env.kwargs={n_rooms: 4, n_locked_doors: 1, dead_ends: 1, extra_edges: 0, n_distractors: 0, max_steps: 20, oracle: explore}",
-         "rollout.n_groups=8", "rollout.group_size=4", "rollout.max_turns=20", "rollout.history_turns=1",
+         "rollout.max_turns=20", "rollout.history_turns=1",
          "rollout.max_new_tokens=12", "sft.mode=oracle", "sft.steps=800", "sft.epsilon=0.7", "sft.episodes=2000", "sft.perturb=0",
          "sft.dagger_episodes=0", "optim.minibatch_size=8", "trainer.iterations=20", "trainer.eval_every=10",
          "trainer.eval_episodes=128"),
@@ -104,7 +107,7 @@ FULL_GRID = (
         "MiniCode level 1 (feedback never repeats verbatim), 4 attempts, history 1, from the clone of a programmer who submits a flawed draft before an attempt with probability 0.8",
         ("env.id=agent_rl/MiniCode-v0",
          "env.kwargs={level: 1, n_tests: 3, max_steps: 4, reference: false, oracle: drafts, draft_rate: 0.8}",
-         "rollout.n_groups=8", "rollout.group_size=4", "rollout.max_turns=4", "rollout.history_turns=1",
+         "rollout.max_turns=4", "rollout.history_turns=1",
          "rollout.max_new_tokens=24", "sft.mode=oracle", "sft.steps=600", "sft.perturb=0", "sft.dagger_episodes=0",
          "optim.minibatch_size=8", "trainer.iterations=20", "trainer.eval_every=10", "trainer.eval_episodes=128"),
         ("trajectory", "gigpo-fingerprint", "graph-fingerprint"),
