@@ -16,7 +16,9 @@ trained and the report says so. The report also applies the gate's rule to the b
                           [--gate 15] [--out DIR] [--report]
 
 Cells run as ``agent-rl train`` processes, ``--workers`` at a time with one torch thread each.
-Finished cells are skipped on a rerun and a cell killed midway resumes from its last checkpoint. A
+Finished cells are skipped on a rerun and a cell killed midway resumes from its last checkpoint; in a
+fresh clone of committed results (no checkpoints), a seed with cells left to train gets its warm start
+trained again, which must log the evaluation recorded before (``adopt_rebuild``). A
 results directory whose cells were trained with other settings is refused, never reused.
 ``--report`` writes the report on the cells finished so far (a grid in progress) and trains nothing.
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -154,6 +157,8 @@ class Job:
     method: str | None
     run_dir: Path
     warm_start: Job | None = None
+    rebuilds: Job | None = None
+    """For a warm start trained again: the finished warm start whose checkpoint it recreates."""
 
     @property
     def name(self) -> str:
@@ -162,6 +167,12 @@ class Job:
     @property
     def done(self) -> bool:
         return (self.run_dir / "DONE").exists()
+
+    @property
+    def lacks_model(self) -> bool:
+        """A finished warm start without its checkpoint, as in a fresh clone of committed results
+        (checkpoints are not committed): the seed's cells still to train need it trained again."""
+        return self.method is None and self.done and not (self.run_dir / "checkpoints").is_dir()
 
     @property
     def iterations(self) -> int:
@@ -322,6 +333,29 @@ def finished_gates(jobs: dict[str, list[Job]], gate_points: float) -> dict[str, 
             for name, env_jobs in jobs.items() if pilot_of(env_jobs).done}
 
 
+def rebuilds_needed(pending: list[Job]) -> list[Job]:
+    """Warm starts to train again: those that lack their checkpoint while a cell of theirs is pending."""
+    lacking = {id(job.warm_start): job.warm_start for job in pending if job.warm_start is not None and job.warm_start.lacks_model}
+    return [Job(warm.env, warm.seed, None, warm.run_dir / "rebuild", rebuilds=warm) for warm in lacking.values()]
+
+
+def adopt_rebuild(job: Job) -> None:
+    """Give a finished rebuild's checkpoint to the warm start it recreates. A warm start is
+    deterministic (one torch thread), so its iteration-0 evaluation must be the one recorded before;
+    otherwise the seed's later cells would not share their warm start with its earlier ones."""
+    from training.logger import read_metrics
+
+    def evaluation(run_dir: Path) -> dict:
+        return {key: value for key, value in read_metrics(run_dir)[0].items() if key.startswith("eval/")}
+
+    if evaluation(job.run_dir) != evaluation(job.rebuilds.run_dir):
+        raise CellFailed(f"{job.name} was trained again (its checkpoint was not there), and its iteration-0 evaluation "
+                         f"differs from the one recorded in {job.rebuilds.run_dir}: the seed's cells would not share one "
+                         "warm start. Retrain the whole seed: delete its warm start's and cells' directories.")
+    os.replace(job.run_dir / "checkpoints", job.rebuilds.run_dir / "checkpoints")
+    shutil.rmtree(job.run_dir)
+
+
 def run_grid(jobs: dict[str, list[Job]], *, workers: int, gate_points: float, progress) -> dict[str, Gate]:
     """Train every job not done yet, ``workers`` at a time; after each environment's pilot, its gate
     decides whether the rest of that environment runs. Returns the gates."""
@@ -331,8 +365,13 @@ def run_grid(jobs: dict[str, list[Job]], *, workers: int, gate_points: float, pr
         check_settings(job)  # before anything trains, so a mismatch costs nothing
     units = {id(job): job.iterations + 1 for env_jobs in jobs.values() for job in env_jobs}  # iteration 0 counts
     planned = sum(units.values())
+    pending = {name: [job for job in env_jobs if not job.done] for name, env_jobs in jobs.items()}
+    for name, env_pending in pending.items():
+        rebuilds = rebuilds_needed(env_pending)
+        units.update({id(job): 1 for job in rebuilds})
+        planned += len(rebuilds)
+        pending[name] = launch_order(rebuilds + env_pending)
     overall = progress.add_task("grid (iterations of all runs)", total=planned)
-    pending = {name: launch_order([job for job in env_jobs if not job.done]) for name, env_jobs in jobs.items()}
     progress.advance(overall, sum(units[id(job)] for env_jobs in jobs.values() for job in env_jobs if job.done))
     gates: dict[str, Gate] = {}
     running: dict[int, tuple[Job, subprocess.Popen, Any]] = {}
@@ -340,8 +379,9 @@ def run_grid(jobs: dict[str, list[Job]], *, workers: int, gate_points: float, pr
 
     def ready(job: Job) -> bool:
         pilot = pilot_of(jobs[job.env.name])
-        gated = job is not pilot and job is not pilot.warm_start
-        return (job.warm_start is None or job.warm_start.done) and (not gated or job.env.name in gates)
+        gated = job is not pilot and not (job.method is None and job.seed == pilot.seed)  # the pilot's warm start
+        warm = job.warm_start
+        return (warm is None or (warm.done and not warm.lacks_model)) and (not gated or job.env.name in gates)
 
     def settle(name: str) -> None:
         """Judge a finished pilot; a failed gate drops the environment's remaining jobs."""
@@ -379,7 +419,10 @@ def run_grid(jobs: dict[str, list[Job]], *, workers: int, gate_points: float, pr
                 for _, other, _ in running.values():
                     other.terminate()
                 raise CellFailed(f"{job.name} failed (exit code {exit_code}); its log: {job.run_dir / 'train.log'}")
-            (job.run_dir / "DONE").touch()
+            if job.rebuilds is not None:
+                adopt_rebuild(job)
+            else:
+                (job.run_dir / "DONE").touch()
             progress.remove_task(task)
             del running[key]
             pending[job.env.name].remove(job)

@@ -133,6 +133,32 @@ def test_summary_checks_where_the_baseline_learned_and_repeats_the_comparison_th
     assert "paired_where_baseline_learned" not in bench.summarize(jobs, {}, gate_points=0.0)["maze"]["methods"]["gigpo-state"]
 
 
+def test_a_warm_start_without_its_checkpoint_is_trained_again_and_must_match(tmp_path):
+    jobs = _grid(tmp_path)["maze"]
+    warm = {job.seed: job for job in jobs if job.method is None}
+    for job in jobs:
+        if job.method is not None and job.seed != 2:  # seeds 0 and 1 finished, seed 2 has cells to train
+            _write_cell(job, _records([0, 5, 10], [0.2, 0.3, 0.4]))
+    _write(warm[2].run_dir, _records([0], [0.25]))
+    (warm[1].run_dir / "checkpoints").mkdir()  # seed 1's warm start still has its model
+    pending = [job for job in jobs if not job.done]
+    assert [warm[0].lacks_model, warm[1].lacks_model, warm[2].lacks_model] == [True, False, True]
+    rebuilds = bench.rebuilds_needed(pending)
+    assert [(job.rebuilds, job.run_dir) for job in rebuilds] == [(warm[2], warm[2].run_dir / "rebuild")]
+    # The retrained warm start logs the recorded evaluation: its checkpoint moves into place.
+    rebuild = rebuilds[0]
+    _write(rebuild.run_dir, _records([0], [0.25]))
+    (rebuild.run_dir / "checkpoints" / "iter-000000").mkdir(parents=True)
+    bench.adopt_rebuild(rebuild)
+    assert (warm[2].run_dir / "checkpoints" / "iter-000000").is_dir() and not rebuild.run_dir.exists()
+    assert not warm[2].lacks_model
+    # One that logs another evaluation is refused: the seed's cells would not share a warm start.
+    other = bench.Job(warm[0].env, 0, None, warm[0].run_dir / "rebuild", rebuilds=warm[0])
+    _write(other.run_dir, _records([0], [0.5]))
+    with pytest.raises(bench.CellFailed, match="iteration-0 evaluation differs"):
+        bench.adopt_rebuild(other)
+
+
 def test_settings_are_recorded_then_checked(tmp_path):
     job = _grid(tmp_path)["maze"][1]
     bench.check_settings(job)
@@ -226,6 +252,18 @@ def test_quick_grid_gate_report_resume_and_settings_check(tmp_path, capsys):
     assert "paired" not in partial["methods"]["gigpo-state"]  # one paired seed is no statistic
     assert [p.stat().st_mtime_ns for p in sorted(out.glob("runs/maze/*/seed*/metrics.jsonl"))] == stamps
     assert not (out / "runs/maze/gigpo-state/seed1/DONE").exists()
+    # A fresh clone of committed results has no checkpoints: a seed with a cell left to train gets its
+    # warm start trained again, which must log the same iteration-0 evaluation, then the cell trains.
+    import shutil
+
+    for checkpoints in out.glob("**/checkpoints"):
+        shutil.rmtree(checkpoints)
+    shutil.rmtree(out / "runs/maze/graph-state/seed1")
+    warm_log = (out / "sft/maze/seed1/metrics.jsonl").read_text()
+    assert bench.main(["--quick", "--gate", "-100", "--out", str(out)]) == 0
+    assert (out / "runs/maze/graph-state/seed1/DONE").exists() and (out / "sft/maze/seed1/checkpoints").is_dir()
+    assert not (out / "sft/maze/seed1/rebuild").exists() and not (out / "sft/maze/seed0/checkpoints").exists()
+    assert (out / "sft/maze/seed1/metrics.jsonl").read_text() == warm_log
     settings = out / "runs/maze/gigpo-state/seed1/settings.json"
     lr = json.loads(settings.read_text())["optim.lr"]
     settings.write_text(settings.read_text().replace(f'"optim.lr": {lr}', '"optim.lr": 0.5'))
