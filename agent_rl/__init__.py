@@ -15,11 +15,11 @@ _LAZY = {
     # configs
     "Config": ("agent_rl.config", "Config"),
     "load_config": ("agent_rl.config", "load_config"),
-    "resolve": ("training.resolution", "resolve"),
+    "resolve": ("training.infra.resolution", "resolve"),
     # training, resuming and evaluating (what the CLI does)
-    "Trainer": ("training.trainer", "Trainer"),
-    "train": ("training.trainer", "train"),
-    "evaluate_policy": ("training.evaluation", "evaluate_policy"),
+    "Trainer": ("training.loop.trainer", "Trainer"),
+    "train": ("training.loop.trainer", "train"),
+    "evaluate_policy": ("training.loop.evaluation", "evaluate_policy"),
     # the credit-assignment core
     "StepBatch": ("agent_rl.batch", "StepBatch"),
     "discounted_returns": ("agent_rl.advantages", "discounted_returns"),

@@ -22,7 +22,7 @@ def _cmd_play(args: argparse.Namespace) -> int:
 def _report_errors(run):
     """Run a training command; known user errors print one line instead of a traceback."""
     from agent_rl.config import ConfigError
-    from training.checkpoint import CheckpointError
+    from training.infra.checkpoint import CheckpointError
 
     try:
         return run()
@@ -46,7 +46,7 @@ def _raise_stopped(signum: int, frame) -> None:
 
 def _how_to_go_on(run_dir: str | None) -> str:
     """What a stopped run saved and the command that continues it."""
-    from training.checkpoint import resume_command, saved_iteration
+    from training.infra.checkpoint import resume_command, saved_iteration
 
     saved = saved_iteration(run_dir) if run_dir else None
     if saved is None:
@@ -102,7 +102,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from agent_rl.config import load_config, load_default_config
 
     def run() -> int:
-        from training.trainer import default_run_dir, train
+        from training.loop.trainer import default_run_dir, train
 
         imports = [f"env.imports=[{', '.join(args.imports)}]"] if args.imports else []
         if args.resume and args.resume != "auto":
@@ -149,7 +149,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     import json
 
     def run() -> int:
-        from training.evaluation import evaluate_policy
+        from training.loop.evaluation import evaluate_policy
 
         overrides = [f"env.imports=[{', '.join(args.imports)}]"] if args.imports else []
         results = evaluate_policy(
@@ -167,7 +167,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _cmd_models(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from training.models import KNOWN_MODELS, ModelInstallError, install_model, installed_file
+    from training.models.known import KNOWN_MODELS, ModelInstallError, install_model, installed_file
 
     console = Console(soft_wrap=True, highlight=False)
     if args.action == "install":
@@ -202,7 +202,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from training.models import KNOWN_MODELS  # standard library only
+    from training.models.known import KNOWN_MODELS  # standard library only
 
     parser = argparse.ArgumentParser(prog="agent-rl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)

@@ -3,7 +3,7 @@
 It checks and measures, in about 8 minutes on one GPU:
 - the GPU's bf16 and fp32 matrix-product peaks (square products, mean of the timed repeats);
 - engine-vs-learner logprob parity: the hf engine samples completions of chat prompts under bf16
-  autocast, and the learner (``training.learner.sequence_logprobs``) scores them again under bf16
+  autocast, and the learner (``training.loop.learner.sequence_logprobs``) scores them again under bf16
   autocast and in float32; float32 engine against float32 learner is the control;
 - a short RL run of the policy (SmolLM2-135M-Instruct by default) on Sokoban with the hf engine and
   ``policy.precision=bf16``, from its zero-shot start (no warm start): per iteration the rollout,
@@ -87,7 +87,7 @@ def _sync(device: torch.device) -> None:
 def scored(model, prompts: list[list[int]], completions, precision: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The learner's logprobs of the sampled tokens of ``completions`` (one list per prompt) at
     temperature 1 under ``precision``, the engine's, and the mask of real tokens; all ``(rows, T)``."""
-    from training.learner import sequence_logprobs
+    from training.loop.learner import sequence_logprobs
 
     flat_prompts = [p for p, group in zip(prompts, completions) for _ in group]
     flat = [c for group in completions for c in group]
@@ -108,7 +108,7 @@ def gap(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> dict[str, float
 def parity(model, tokenizer, sizes: dict[str, int]) -> dict[str, Any]:
     """Engine-vs-learner logprob gaps with both under bf16 autocast and both in float32 (the
     control), and how far bf16 moves the learner's own logprobs from float32."""
-    from training.engines import HFEngine, SamplingParams
+    from training.serving.engines import HFEngine, SamplingParams
 
     prompts = [
         tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True,
@@ -149,7 +149,7 @@ def rl_config(model_name: str, device: torch.device, precision: str, sizes: dict
 def rl_run(model, tokenizer, model_name: str, device: torch.device, precision: str, sizes: dict[str, int],
            bf16_peak_tflops: float) -> dict[str, Any]:
     """A short run of the trainer; per iteration its phase times, tokens/s and learner MFU."""
-    from training.trainer import train
+    from training.loop.trainer import train
 
     parameters = sum(p.numel() for p in model.parameters())
     iterations: list[dict[str, float]] = []
@@ -237,8 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from rich.console import Console
 
-    from training.distributed import bf16_supported
-    from training.policy import load_policy
+    from training.infra.distributed import bf16_supported
+    from training.models.policy import load_policy
 
     console = Console()
     device = torch.device("cpu" if args.dry_run else "cuda")

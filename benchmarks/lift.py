@@ -150,7 +150,7 @@ def plan(cases: tuple[Case, ...], seeds: int, out: Path, settings: tuple[str, ..
 
 def run_all(runs: list[Run], *, workers: int, engine: str, progress) -> None:
     """Train every run not done yet, ``workers`` at a time; a failed run stops the others."""
-    from training.logger import read_metrics
+    from training.infra.logger import read_metrics
 
     pending = [run for run in runs if not run.done]
     overall = progress.add_task("lift (iterations of all runs)", total=sum(r.case.iterations + 1 for r in runs))
@@ -213,10 +213,10 @@ def random_play_success(case: Case, episodes: int = RANDOM_PLAY_EPISODES) -> flo
     """Success of uniformly random admissible actions on the case's held-out seeds (None where the
     environment lists no admissible actions)."""
     from agent_rl.config import load_default_config
-    from training.envpool import env_factory
-    from training.evaluation import eval_seeds
-    from training.policy import load_policy
-    from training.sft import collect_demonstrations
+    from training.serving.envpool import env_factory
+    from training.loop.evaluation import eval_seeds
+    from training.models.policy import load_policy
+    from training.loop.sft import collect_demonstrations
 
     config = load_default_config(case.overrides)
     _, tokenizer = load_policy("embedded")
@@ -254,7 +254,7 @@ def case_summary(case: Case, runs: list[dict[str, Any]], random_play: float | No
 
 
 def summarize(runs: list[Run], random_play: dict[str, float | None], settings: tuple[str, ...] = ()) -> dict[str, Any]:
-    from training.logger import read_metrics
+    from training.infra.logger import read_metrics
 
     cases: dict[str, list[dict[str, Any]]] = {}
     by_name = {}

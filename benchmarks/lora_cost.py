@@ -8,7 +8,7 @@ different admissible action), each arm records
 - the learner: seconds per ``Learner.optimize`` call (the recipe's minibatches, best of ``--updates``
   after a warm-up) and forwarded tokens per second;
 - the engine sync: seconds to build and write the weights the engine reloads (LoRA merges its
-  adapters into them first: ``training.policy.serving_state_dict``);
+  adapters into them first: ``training.models.policy.serving_state_dict``);
 - the checkpoint: bytes of the model directory (LoRA: the adapter alone) and of the optimizer state;
 - the process's peak resident memory.
 
@@ -38,12 +38,12 @@ from rich.table import Table
 import envs  # noqa: F401  (registers the bundled environments)
 from agent_rl.config import load_config
 from benchmarks.common import write_result
-from training import checkpoint
-from training.engines import write_untied_checkpoint
-from training.learner import Learner
-from training.policy import add_lora, load_policy
-from training.prompts import PromptFormat
-from training.resolution import resolve
+from training.infra import checkpoint
+from training.serving.engines import write_untied_checkpoint
+from training.loop.learner import Learner
+from training.models.policy import add_lora, load_policy
+from training.models.prompts import PromptFormat
+from training.infra.resolution import resolve
 
 RECIPE = "smollm2-maze"
 COPIES = 4  # trajectories per group: the recipe's group size

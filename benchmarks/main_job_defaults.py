@@ -113,8 +113,8 @@ def warm_start(seed: int, args: argparse.Namespace) -> Path:
     """The seed's shared warm start, trained once: the main job's iteration 0 (``--warm-start
     default``) or ``WARM_START_BEFORE``'s."""
     from agent_rl.config import DEFAULT_RECIPE, load_config
-    from training import checkpoint
-    from training.trainer import train
+    from training.infra import checkpoint
+    from training.loop.trainer import train
 
     run_dir = args.out / "warm_start" / f"seed{seed}"
     if not (run_dir / "DONE").exists():
@@ -129,8 +129,8 @@ def warm_start(seed: int, args: argparse.Namespace) -> Path:
 
 def run_arm(arm: str, seed: int, args: argparse.Namespace) -> list[dict]:
     from agent_rl.config import DEFAULT_RECIPE, load_config
-    from training.logger import read_metrics
-    from training.trainer import train
+    from training.infra.logger import read_metrics
+    from training.loop.trainer import train
 
     run_dir = args.out / "runs" / arm / f"seed{seed}"
     if not (run_dir / "DONE").exists():

@@ -37,12 +37,12 @@ from rich.table import Table
 import envs  # noqa: F401  (registers the bundled environments)
 from agent_rl.config import ACTION_PARSERS, RolloutConfig
 from benchmarks.common import best_of, write_result
-from training.engines import SamplingParams, make_engine
-from training.envpool import RegisteredEnv
-from training.policy import load_policy
-from training.prompts import PromptFormat
-from training.resolution import vllm_available
-from training.rollout import collect_rollouts
+from training.serving.engines import SamplingParams, make_engine
+from training.serving.envpool import RegisteredEnv
+from training.models.policy import load_policy
+from training.models.prompts import PromptFormat
+from training.infra.resolution import vllm_available
+from training.loop.rollout import collect_rollouts
 
 ENV_ID = "agent_rl/Maze-v0"
 GROUP_SIZE = 8
@@ -105,7 +105,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=4, help="rollout max turns")
     parser.add_argument("--repeats", type=int, default=6, help="timed generate calls per workload (hf speeds up over the first few)")
     parser.add_argument("--rollout-repeats", type=int, default=3, help="rollout collections per engine (the best counts)")
-    parser.add_argument("--policy", default="embedded", help="policy name or path (training.policy.load_policy)")
+    parser.add_argument("--policy", default="embedded", help="policy name or path (training.models.policy.load_policy)")
     parser.add_argument("--parser", default="first_line", choices=ACTION_PARSERS, help="rollout.parser of the prompts")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/results)")
     args = parser.parse_args()

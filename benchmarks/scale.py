@@ -38,7 +38,7 @@ class FirstAdmissibleEngine:
         self.token_ids = tokenizer.encode("look", add_special_tokens=False) + [tokenizer.eos_token_id]
 
     def generate(self, prompts_token_ids, n, sampling):
-        from training.engines import Completion
+        from training.serving.engines import Completion
 
         return [[Completion(list(self.token_ids), [0.0] * len(self.token_ids), "stop")] * n for _ in prompts_token_ids]
 
@@ -47,9 +47,9 @@ def rollout_throughput(repeats: int) -> dict:
     import ray
 
     from agent_rl.config import RolloutConfig
-    from training.envpool import RayEnvPool, RegisteredEnv
-    from training.policy import load_policy
-    from training.rollout import collect_rollouts
+    from training.serving.envpool import RayEnvPool, RegisteredEnv
+    from training.models.policy import load_policy
+    from training.loop.rollout import collect_rollouts
 
     _, tokenizer = load_policy("embedded")
     engine = FirstAdmissibleEngine(tokenizer)
@@ -88,9 +88,9 @@ def ddp_worker(out_path: str, repeats: int) -> None:
     import torch
 
     from agent_rl.losses import LOSS_PRESETS
-    from training.distributed import all_reduce_gradients, init_distributed
-    from training.learner import accumulate_policy_gradient
-    from training.policy import load_policy
+    from training.infra.distributed import all_reduce_gradients, init_distributed
+    from training.loop.learner import accumulate_policy_gradient
+    from training.models.policy import load_policy
 
     torch.set_num_threads(1)
     model, _ = load_policy("embedded")

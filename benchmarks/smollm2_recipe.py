@@ -33,9 +33,9 @@ from rich.console import Console
 
 from agent_rl.config import load_config
 from benchmarks.common import RESULTS_DIR, best_of, write_result
-from training.logger import read_metrics
-from training.policy import load_policy
-from training.trainer import train
+from training.infra.logger import read_metrics
+from training.models.policy import load_policy
+from training.loop.trainer import train
 
 RECIPE = "smollm2-maze"
 PHASES = ("rollout", "advantage", "update", "sync", "eval")

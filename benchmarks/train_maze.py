@@ -44,8 +44,8 @@ def eval_curve(records: list[dict]) -> list[dict[str, float | None]]:
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
     from agent_rl.config import config_to_dict, load_default_config
-    from training.logger import read_metrics
-    from training.trainer import train
+    from training.infra.logger import read_metrics
+    from training.loop.trainer import train
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--name", default="train_maze", help="result file under benchmarks/results/, without .json")
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     summary = train(config)
     wall = time.perf_counter() - start
     records = read_metrics(run_dir)
-    reached = summary["reached_target"]  # the trainer stops at its target (training.evaluation.target_reached)
+    reached = summary["reached_target"]  # the trainer stops at its target (training.loop.evaluation.target_reached)
     phase_totals = {p: sum(r.get(f"time/{p}", 0.0) or 0.0 for r in records) for p in PHASES}
     first = records[0] if records else {}
     sft_seconds = first.get("time/elapsed", 0.0) - (first.get("time/eval") or 0.0)

@@ -154,7 +154,7 @@ def make_text_env(env_id: str, env_kwargs: dict[str, Any] | None = None, imports
 
 def return_env(make_env: Callable[[], gym.Env] | None, env: gym.Env) -> None:
     """Hand ``env``, looked at and no longer needed, back to the factory that built it when the
-    factory keeps one for its next call (``training.envpool.RegisteredEnv.keep``); else close it."""
+    factory keeps one for its next call (``training.serving.envpool.RegisteredEnv.keep``); else close it."""
     keep = getattr(make_env, "keep", None)
     if keep is not None:
         keep(env)

@@ -9,6 +9,10 @@ where it started.
     training    training.*                                                and the above
     top         agent_rl (the lazy facade), agent_rl.cli, benchmarks.*    anything
 
+Inside ``training`` its rooms are layered too, bottom up: ``models`` (policies, prompts), ``infra``
+(resolution, checkpoints, distributed, logging), ``serving`` (engines, environment pools), ``loop``
+(trainer, rollout, learner, warm start, evaluation).
+
 Imports under ``if TYPE_CHECKING:`` are for annotations only and never run, so they are not edges.
 """
 
@@ -30,6 +34,16 @@ MAY_IMPORT = {
     "training": {"core", "envs", "anchors", "config", "training"},
     "top": {"core", "envs", "anchors", "config", "training", "top"},
 }
+
+
+TRAINING_ROOMS = ("models", "infra", "serving", "loop")
+"""``training``'s subpackages, bottom up: a room imports its own and the ones before it."""
+
+
+def room(module: str) -> int | None:
+    """The rank of ``module``'s room in ``TRAINING_ROOMS``; None outside them."""
+    parts = module.split(".")
+    return TRAINING_ROOMS.index(parts[1]) if parts[0] == "training" and len(parts) > 2 and parts[1] in TRAINING_ROOMS else None
 
 
 def layer(module: str) -> str:
@@ -81,8 +95,8 @@ GRAPH = import_graph()
 
 
 def test_the_graph_sees_the_project():
-    assert "agent_rl.config" in GRAPH["training.trainer"]
-    assert "training.learner" in GRAPH["training.trainer"]
+    assert "agent_rl.config" in GRAPH["training.loop.trainer"]
+    assert "training.loop.learner" in GRAPH["training.loop.trainer"]
     assert len(GRAPH) > 40
 
 
@@ -90,6 +104,12 @@ def test_the_graph_sees_the_project():
 def test_imports_point_down(module):
     upward = sorted(target for target in GRAPH[module] if layer(target) not in MAY_IMPORT[layer(module)])
     assert not upward, f"{module} ({layer(module)}) imports {[(t, layer(t)) for t in upward]}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in GRAPH if room(m) is not None))
+def test_training_rooms_import_down(module):
+    upward = sorted(t for t in GRAPH[module] if room(t) is not None and room(t) > room(module))
+    assert not upward, f"{module} imports {upward}, in rooms above its own ({TRAINING_ROOMS})"
 
 
 def test_no_import_cycles():

@@ -10,11 +10,11 @@ from agent_rl.advantages import EPISODE_MODES, EPISODE_STATS, STEP_CREDIT, STEP_
 from agent_rl.presets import ALGORITHM_PRESETS, KL_ESTIMATORS
 
 ACTION_PARSERS = ("first_line", "action_tag", "admissible")
-"""How actions are read from completions (``training.prompts.PARSERS`` implements each)."""
+"""How actions are read from completions (``training.models.prompts.PARSERS`` implements each)."""
 SFT_MODES = ("random", "oracle")
-"""Warm starts that clone demonstrations (``training.sft.warm_start``); ``sft.mode`` adds none and auto."""
+"""Warm starts that clone demonstrations (``training.loop.sft.warm_start``); ``sft.mode`` adds none and auto."""
 PRECISIONS = ("fp32", "bf16")
-"""Numeric precisions of the forward passes (``training.distributed.check_precision``)."""
+"""Numeric precisions of the forward passes (``training.infra.distributed.check_precision``)."""
 
 
 class ConfigError(ValueError):

@@ -188,7 +188,7 @@ def test_settings_are_recorded_then_checked(tmp_path):
 
 
 def test_every_full_grid_run_has_valid_settings():
-    from training.resolution import resolve
+    from training.infra.resolution import resolve
 
     for env_jobs in bench.plan(bench.FULL_GRID, bench.FULL_SEEDS, Path("/nonexistent")).values():
         for job in env_jobs:

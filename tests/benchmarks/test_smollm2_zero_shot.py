@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from benchmarks import smollm2_zero_shot
-from training.prompts import PromptFormat
+from training.models.prompts import PromptFormat
 
 
 def test_quick_mode_writes_every_parser_cell_with_consistent_rates_and_parses(tmp_path):

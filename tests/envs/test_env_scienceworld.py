@@ -252,7 +252,7 @@ def test_one_training_iteration_through_the_cli(tmp_path):
     from agent_rl.cli import main
     from agent_rl.config import load_config
     from tiny_train import TINY_TRAIN  # tests/envs
-    from training.logger import read_metrics
+    from training.infra.logger import read_metrics
 
     run_dir = tmp_path / "scienceworld"
     overrides = [*TINY_TRAIN, "rollout.n_groups=1", "sft.episodes=1"]  # every environment is a Java process

@@ -18,10 +18,10 @@ from gymnasium import spaces
 from agent_rl.cli import main
 from agent_rl.config import Config, ConfigError, load_config
 from envs import auto_sft_mode, check_text_env
-from training.envpool import LocalEnvPool, env_factory
-from training.logger import read_metrics
-from training.resolution import resolve
-from training.rollout import Move, PlayStats, play_episodes
+from training.serving.envpool import LocalEnvPool, env_factory
+from training.infra.logger import read_metrics
+from training.infra.resolution import resolve
+from training.loop.rollout import Move, PlayStats, play_episodes
 
 from tiny_train import TINY_TRAIN  # tests/envs
 

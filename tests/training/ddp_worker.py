@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import save_file
 
 from agent_rl.losses import LOSS_PRESETS
-from training.distributed import all_reduce_gradients, broadcast_ragged, init_distributed
-from training.policy import load_policy
-from training.learner import accumulate_policy_gradient
+from training.infra.distributed import all_reduce_gradients, broadcast_ragged, init_distributed
+from training.models.policy import load_policy
+from training.loop.learner import accumulate_policy_gradient
 
 
 def fixed_minibatch(vocab_size: int, rows: int = 10, seed: int = 0):

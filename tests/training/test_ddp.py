@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from ddp_worker import fixed_minibatch, gradients  # beside this file, on pytest's path
-from training.policy import load_policy
+from training.models.policy import load_policy
 
 
 def _free_port() -> int:
@@ -49,7 +49,7 @@ def _train_cli(args: list[str], nproc: int) -> subprocess.CompletedProcess:
 
 
 def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    from training import checkpoint
+    from training.infra import checkpoint
 
     return load_file(checkpoint.find_checkpoint(run_dir, "last").model_dir / "model.safetensors")
 
@@ -61,7 +61,7 @@ def test_two_learners_train_like_one_and_resume(tmp_path):
     ends the same."""
     from test_trainer import tiny_overrides
 
-    from training.logger import read_metrics
+    from training.infra.logger import read_metrics
 
     # Both evaluate after every iteration: an evaluation draws engine calls, which seed later sampling.
     single, double = tmp_path / "single", tmp_path / "double"

@@ -7,9 +7,9 @@ import copy
 import pytest
 import torch
 
-from training.engines import HFEngine, SamplingParams
-from training.learner import sequence_logprobs
-from training.policy import load_policy
+from training.serving.engines import HFEngine, SamplingParams
+from training.loop.learner import sequence_logprobs
+from training.models.policy import load_policy
 
 pytestmark = pytest.mark.ray
 
@@ -21,7 +21,7 @@ def _prompts(tokenizer):
 
 @pytest.mark.slow
 def test_ray_replicas_match_the_local_engine_before_and_after_a_weight_update(ray_local):
-    from training.engines import RayEngine
+    from training.serving.engines import RayEngine
 
     model, tokenizer = load_policy("embedded")
     prompts = _prompts(tokenizer)
@@ -52,7 +52,7 @@ def test_ray_replicas_match_the_local_engine_before_and_after_a_weight_update(ra
 
 
 def test_ray_engine_rejects_bad_arguments(ray_local):
-    from training.engines import RayEngine
+    from training.serving.engines import RayEngine
 
     model, tokenizer = load_policy("embedded")
     with pytest.raises(ValueError, match="n_replicas"):
@@ -68,9 +68,9 @@ def test_trainer_on_ray_env_actors_matches_the_local_trainer(ray_local, tmp_path
     from safetensors.torch import load_file
 
     from agent_rl.config import load_config
-    from training import checkpoint
-    from training.logger import read_metrics
-    from training.trainer import train
+    from training.infra import checkpoint
+    from training.infra.logger import read_metrics
+    from training.loop.trainer import train
 
     from test_trainer import tiny_overrides  # tests/training/ is on the path (pytest's rootdir-relative import)
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from training.engines import HFEngine, SamplingParams, make_engine
-from training.learner import sequence_logprobs
+from training.serving.engines import HFEngine, SamplingParams, make_engine
+from training.loop.learner import sequence_logprobs
 
 TOLERANCE = 1e-3  # max abs logprob difference, float32
 
@@ -122,7 +122,7 @@ def test_engine_and_sampling_arguments_are_validated(policy):
     model, tokenizer = policy
     with pytest.raises(ValueError, match="unknown engine"):
         make_engine("tgi", model, tokenizer)
-    with pytest.raises(ValueError, match="unknown engine 'auto'"):  # training.resolution.resolve decides what auto is
+    with pytest.raises(ValueError, match="unknown engine 'auto'"):  # training.infra.resolution.resolve decides what auto is
         make_engine("auto", model, tokenizer)
     with pytest.raises(ValueError, match="temperature"):
         SamplingParams(temperature=0.0)
@@ -210,7 +210,7 @@ def test_vllm_sends_identical_prompts_as_one_request(policy, prompts, vllm_engin
 @pytest.mark.slow
 def test_vllm_serves_a_lora_policy_with_its_adapters_merged(policy, prompts, vllm_engine):
     pytest.importorskip("peft", reason="peft (the lora extra) is not installed")
-    from training.policy import add_lora
+    from training.models.policy import add_lora
 
     model, _ = policy
     lora = add_lora(copy.deepcopy(model), rank=4, alpha=8.0, target_modules=["all-linear"])

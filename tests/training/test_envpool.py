@@ -8,8 +8,8 @@ import pytest
 
 from envs import register_text_env
 from agent_rl.config import RolloutConfig
-from training.envpool import LocalEnvPool, RayEnvPool, RegisteredEnv
-from training.rollout import collect_rollouts
+from training.serving.envpool import LocalEnvPool, RayEnvPool, RegisteredEnv
+from training.loop.rollout import collect_rollouts
 
 
 class FlakyEnv(gym.Env):
@@ -82,14 +82,14 @@ class ReplayEngine:
         self.token_ids = token_ids
 
     def generate(self, prompts_token_ids, n, sampling):
-        from training.engines import Completion
+        from training.serving.engines import Completion
 
         return [[Completion(list(self.token_ids), [-0.5] * len(self.token_ids), "stop")] * n for _ in prompts_token_ids]
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from training.policy import load_policy
+    from training.models.policy import load_policy
 
     return load_policy("embedded")[1]
 
@@ -159,8 +159,8 @@ def test_the_config_check_the_sft_choice_and_the_probe_build_one_environment():
     import pickle
 
     from agent_rl.config import load_config
-    from training.resolution import resolve
-    from training.envpool import env_factory
+    from training.infra.resolution import resolve
+    from training.serving.envpool import env_factory
 
     config = load_config(overrides=["env=test_pool/Counted-v0", "sft.mode=auto", "engine=hf"])
     CountedEnv.built = 0

@@ -10,8 +10,8 @@ import gymnasium as gym
 import pytest
 
 from agent_rl.config import load_config
-from training.logger import read_metrics
-from training.trainer import train
+from training.infra.logger import read_metrics
+from training.loop.trainer import train
 
 PATH_OF_SIGN = {"red": "left", "blue": "right", "gold": "right", "moon": "left"}
 

@@ -1,4 +1,4 @@
-"""Run logging (training/logger.py): metrics.jsonl, TensorBoard event files and the console table."""
+"""Run logging (training/infra/logger.py): metrics.jsonl, TensorBoard event files and the console table."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import pytest
 from rich.console import Console
 
-from training.logger import METRICS_FILE, RunLogger, iteration_table, read_metrics
+from training.infra.logger import METRICS_FILE, RunLogger, iteration_table, read_metrics
 
 
 def test_metrics_jsonl_holds_one_sorted_record_per_iteration_and_non_finite_values_as_null(tmp_path):

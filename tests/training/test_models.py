@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import training.models as models
+import training.models.known as models
 from agent_rl.cli import main
-from training.models import GGUF_REQUIREMENTS, KNOWN_MODELS, ModelInstallError, install_model, installed_file
+from training.models.known import GGUF_REQUIREMENTS, KNOWN_MODELS, ModelInstallError, install_model, installed_file
 
 SMOLLM2 = "smollm2-135m-instruct"
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,7 +114,7 @@ def test_models_lists_every_known_model_with_its_status(monkeypatch, tmp_path, c
 
 
 def test_a_known_model_that_is_not_installed_names_the_install_command(monkeypatch, tmp_path):
-    from training.policy import load_policy
+    from training.models.policy import load_policy
 
     monkeypatch.setattr(models, "installed_file", lambda name: None)
     with pytest.raises(FileNotFoundError, match=f"install it with: agent-rl models install {SMOLLM2}"):
@@ -146,7 +146,7 @@ requires_smollm2 = pytest.mark.skipif(
 @pytest.fixture(scope="session")
 def smollm2():
     """The real model from the default cache (converted on first use, once per cache)."""
-    from training.policy import load_policy
+    from training.models.policy import load_policy
 
     return load_policy(SMOLLM2)
 
@@ -185,7 +185,7 @@ def test_smollm2_chat_template(smollm2):
 
 @requires_smollm2
 def test_smollm2_greedy_answer(smollm2):
-    from training.engines import HFEngine, SamplingParams
+    from training.serving.engines import HFEngine, SamplingParams
 
     model, tokenizer = smollm2
     engine = HFEngine(model, tokenizer)
@@ -198,7 +198,7 @@ def test_smollm2_greedy_answer(smollm2):
 @pytest.mark.slow
 def test_smollm2_hf_logprobs_match_the_learner(smollm2):
     from test_engines import max_logprob_gap
-    from training.engines import HFEngine, SamplingParams
+    from training.serving.engines import HFEngine, SamplingParams
 
     model, tokenizer = smollm2
     prompts = chat_prompts(tokenizer, ["Name a color.", "You are in the hall. Exits: north, east. What do you do?"])
@@ -215,8 +215,8 @@ def test_smollm2_policy_gradient_step_moves_logprobs_the_advantages_way(smollm2)
     import numpy as np
 
     from agent_rl.losses import LOSS_PRESETS
-    from training.engines import HFEngine, SamplingParams
-    from training.learner import accumulate_policy_gradient, sequence_logprobs
+    from training.serving.engines import HFEngine, SamplingParams
+    from training.loop.learner import accumulate_policy_gradient, sequence_logprobs
 
     model, tokenizer = smollm2
     learner = copy.deepcopy(model).train()
@@ -249,9 +249,9 @@ def test_smollm2_policy_gradient_step_moves_logprobs_the_advantages_way(smollm2)
 @pytest.mark.parametrize("weights", ["full", "lora"])
 def test_smollm2_trains_one_iteration(smollm2, tmp_path, weights):
     from agent_rl.config import load_config
-    from training import checkpoint
-    from training.logger import read_metrics
-    from training.trainer import train
+    from training.infra import checkpoint
+    from training.infra.logger import read_metrics
+    from training.loop.trainer import train
 
     # The bundled recipe, shrunk: one warm-start step, one iteration of two 2-turn episodes.
     config = load_config("smollm2-maze", overrides=[

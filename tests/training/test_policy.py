@@ -8,9 +8,9 @@ import threading
 import pytest
 import torch
 
-import training.embedded as embedded_module
-from training.embedded import CHAT_TEMPLATE, train_tokenizer
-from training.policy import PLAIN_CHAT_TEMPLATE, load_policy, policy_dir
+import training.models.embedded as embedded_module
+from training.models.embedded import CHAT_TEMPLATE, train_tokenizer
+from training.models.policy import PLAIN_CHAT_TEMPLATE, load_policy, policy_dir
 
 
 @pytest.fixture(scope="module")

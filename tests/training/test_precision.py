@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from agent_rl.config import ConfigError, load_config
-from training import distributed
-from training.distributed import autocast, bf16_supported, check_precision
-from training.engines import HFEngine, SamplingParams
-from training.learner import accumulate_policy_gradient, sequence_logprobs
+from training.infra import distributed
+from training.infra.distributed import autocast, bf16_supported, check_precision
+from training.serving.engines import HFEngine, SamplingParams
+from training.loop.learner import accumulate_policy_gradient, sequence_logprobs
 
 CPU = torch.device("cpu")
 BF16_TOLERANCE = 0.05
@@ -96,8 +96,8 @@ def test_bf16_is_refused_where_the_device_cannot_run_it(monkeypatch, tmp_path):
     assert not bf16_supported(CPU)
     with pytest.raises(ValueError, match="AVX512-BF16 or AMX"):
         check_precision("bf16", CPU)
-    from training.envpool import env_factory
-    from training.trainer import Trainer
+    from training.serving.envpool import env_factory
+    from training.loop.trainer import Trainer
 
     config = load_config(overrides=["policy.precision=bf16", f"trainer.run_dir={tmp_path}", "engine=hf", "sft.mode=none",
                                     "logging.console=false"])

@@ -1,4 +1,4 @@
-"""The multi-turn rollout collector and the evaluation helper (training/rollout.py)."""
+"""The multi-turn rollout collector and the evaluation helper (training/loop/rollout.py)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from gymnasium import spaces
 
 from envs import register_text_env
 from agent_rl.config import RolloutConfig
-from training.engines import Completion, HFEngine, SamplingParams
-from training.envpool import RegisteredEnv
-from training.evaluation import evaluate
-from training.learner import sequence_logprobs
-from training.rollout import collect_rollouts, overlong_shaping
+from training.serving.engines import Completion, HFEngine, SamplingParams
+from training.serving.envpool import RegisteredEnv
+from training.loop.evaluation import evaluate
+from training.loop.learner import sequence_logprobs
+from training.loop.rollout import collect_rollouts, overlong_shaping
 
 
 def one_round(**kwargs) -> RolloutConfig:
@@ -173,8 +173,8 @@ def test_history_observations_reach_the_prompts(policy, history_observations):
 
 @pytest.mark.parametrize("system_prompt", [None, ""])
 def test_system_prompt_reaches_rollout_and_warm_start_prompts_alike(policy, system_prompt):
-    from training.rollout import draw_seeds
-    from training.sft import collect_demonstrations
+    from training.loop.rollout import draw_seeds
+    from training.loop.sft import collect_demonstrations
 
     _, tokenizer = policy
     config = one_round(n_groups=1, group_size=1, max_turns=2, history_turns=1, system_prompt=system_prompt)
@@ -314,7 +314,7 @@ def test_rollout_config_is_validated(policy):
 
 def test_rollouts_take_any_environment_factory_or_a_pool(policy):
     """A plain class (no registration) is a factory; a pool is reused and must be big enough."""
-    from training.envpool import LocalEnvPool
+    from training.serving.envpool import LocalEnvPool
 
     _, tokenizer = policy
     config = one_round(n_groups=2, group_size=2, max_turns=3)
@@ -330,7 +330,7 @@ def test_rollouts_take_any_environment_factory_or_a_pool(policy):
 
 def test_context_anchor_keys_follow_the_prompt_history():
     from agent_rl.batch import StepBatch
-    from training.rollout import anchor_keys
+    from training.loop.rollout import anchor_keys
 
     # One trajectory revisits state s0 after different actions; a prompt with one history turn
     # tells the two visits apart, a prompt with none does not.

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-POLICY_CONFIG = Path(__file__).parent / "configs" / "tiny_policy.json"
+POLICY_CONFIG = Path(__file__).parents[1] / "configs" / "tiny_policy.json"
 EMBEDDED = "embedded"
 PAD, BOS, EOS = "<|pad|>", "<|bos|>", "<|end|>"
 # Byte-level BPE never needs an unknown token, but transformers loads a qwen2 directory with
@@ -53,7 +53,7 @@ def embedded_policy_dir(root: Path, env_ids: list[str] | None = None) -> Path:
     config = json.loads(POLICY_CONFIG.read_text())
     env_ids, env_digests = covered_envs(env_ids if env_ids is not None else config["tokenizer"]["envs"])
     # The build code and the prompt templates are part of the key: editing them rebuilds.
-    code = {name: _source_digest(name) for name in ("training.embedded", "training.prompts")}
+    code = {name: _source_digest(name) for name in ("training.models.embedded", "training.models.prompts")}
     key_material = json.dumps({"config": config, "envs": env_digests, "code": code}, sort_keys=True)
     key = hashlib.sha256(key_material.encode()).hexdigest()[:16]
     target = root / f"embedded-{key}"
@@ -104,7 +104,7 @@ def build_embedded_policy(directory: Path, config: dict[str, Any], env_ids: list
     """Train the tokenizer, initialize the model (seeded) and ``save_pretrained`` both to ``directory``."""
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from training.prompts import template_corpus
+    from training.models.prompts import template_corpus
 
     settings = config["tokenizer"]
     texts = template_corpus() + sample_env_text(

@@ -16,11 +16,11 @@ from rich.console import Console
 
 from agent_rl.config import Config, RolloutConfig, load_config, load_default_config
 from envs import EVAL_SEED_BASE
-from training.engines import Engine, engine_from_config
-from training.envpool import EnvFactory, EnvPool, env_factory, env_pool
-from training.prompts import PromptFormat
-from training.resolution import resolve
-from training.rollout import SEED_HIGH, PlayStats, PolicyActor, episode_stats, play_episodes, sampling_params
+from training.serving.engines import Engine, engine_from_config
+from training.serving.envpool import EnvFactory, EnvPool, env_factory, env_pool
+from training.models.prompts import PromptFormat
+from training.infra.resolution import resolve
+from training.loop.rollout import SEED_HIGH, PlayStats, PolicyActor, episode_stats, play_episodes, sampling_params
 
 assert EVAL_SEED_BASE > SEED_HIGH  # training seeds are drawn below SEED_HIGH
 
@@ -124,9 +124,9 @@ def evaluate_policy(
     """Evaluate a run directory (its ``best``/``last`` checkpoint, its config) or a model directory
     (the default recipe's config, ``agent_rl.config.load_default_config``) on held-out seeds; returns
     the eval metrics (``agent-rl eval``)."""
-    from training import checkpoint
-    from training.distributed import resolve_device
-    from training.policy import load_policy
+    from training.infra import checkpoint
+    from training.infra.distributed import resolve_device
+    from training.models.policy import load_policy
 
     target = Path(target)
     console = console or Console()

@@ -14,9 +14,9 @@ reason: ``"stop"`` (a stop token was sampled; it is included in ``token_ids``) o
   object store (no shared filesystem needed); requests are split into contiguous, near-equal
   chunks, one per replica, and gathered in request order; ``update_weights`` puts the new state
   dict in the object store once and every replica loads it. (Environments scale out on Ray in
-  ``training.envpool``.)
+  ``training.serving.envpool``.)
 
-The learner (``training.learner.sequence_logprobs``) recomputes the same per-token logprobs with the
+The learner (``training.loop.learner.sequence_logprobs``) recomputes the same per-token logprobs with the
 training model, so ``old_logprobs`` from an engine and the learner's ``logp`` agree. With ``top_p < 1`` the engine's numbers include the nucleus renormalization that the learner does
 not apply: keep ``top_p = 1`` for on-policy RL.
 """
@@ -36,8 +36,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from training.distributed import autocast
-from training.policy import serving_state_dict
+from training.infra.distributed import autocast
+from training.models.policy import serving_state_dict
 
 FINISH_REASONS = ("stop", "length")
 
@@ -316,7 +316,7 @@ def write_untied_checkpoint(model: torch.nn.Module, directory: str) -> None:
 
 
 def make_engine(kind: str, model: torch.nn.Module, tokenizer, **kwargs) -> HFEngine | VLLMEngine:
-    """``kind`` ``hf`` or ``vllm``; ``kwargs`` go to the engine (``training.resolution.resolve`` turns a
+    """``kind`` ``hf`` or ``vllm``; ``kwargs`` go to the engine (``training.infra.resolution.resolve`` turns a
     config's ``auto`` into one of them)."""
     if kind == "hf":
         return HFEngine(model, tokenizer, **kwargs)
@@ -422,7 +422,7 @@ def engine_from_config(config, model: torch.nn.Module, tokenizer) -> Engine:
     ``scale.engine_replicas`` replicas of it on Ray (:class:`RayEngine`)."""
     engine, scale, seed, precision = config.engine, config.scale, config.trainer.seed, config.policy.precision
     if engine.kind not in ("hf", "vllm"):
-        raise ValueError(f"engine.kind {engine.kind!r} is not resolved; pass training.resolution.resolve(config)")
+        raise ValueError(f"engine.kind {engine.kind!r} is not resolved; pass training.infra.resolution.resolve(config)")
     if scale.engine_replicas > 0:
         return RayEngine(
             model, tokenizer, n_replicas=scale.engine_replicas, kind=engine.kind, seed=seed, address=scale.ray_address,

@@ -25,9 +25,9 @@ from rich.progress import Progress
 from agent_rl.batch import StepBatch
 from agent_rl.config import Config
 from agent_rl.losses import policy_loss
-from training.checkpoint import load_model_weights
-from training.distributed import DistContext, all_reduce_gradients, autocast, broadcast_ragged
-from training.policy import is_lora
+from training.infra.checkpoint import load_model_weights
+from training.infra.distributed import DistContext, all_reduce_gradients, autocast, broadcast_ragged
+from training.models.policy import is_lora
 
 
 # ---- teacher-forced logprobs --------------------------------------------------------------------------
@@ -69,7 +69,7 @@ def response_logits(
     forward passes. The rest of each prompt is left-padded and its response right-padded, so every
     response starts at the same column and only the last ``T + 1`` positions need logits. Gradients
     flow when grad mode is on. ``precision`` ``bf16`` runs the forward under bfloat16 autocast
-    (``training.distributed.autocast``); callers take the logits to float32 before any softmax."""
+    (``training.infra.distributed.autocast``); callers take the logits to float32 before any softmax."""
     if len(prompt_ids_list) != len(response_ids_list):
         raise ValueError(f"{len(prompt_ids_list)} prompts but {len(response_ids_list)} responses")
     if any(len(p) == 0 for p in prompt_ids_list):

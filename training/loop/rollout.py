@@ -2,7 +2,7 @@
 
 ``play_episodes`` is the one loop that plays episodes in a pool of environments, whoever chooses
 the actions: an ``actor`` answers every active episode of a turn at once. :class:`PolicyActor`
-prompts an engine (rollouts, evaluation); ``training.sft``'s demonstration actor plays oracle plans
+prompts an engine (rollouts, evaluation); ``training.loop.sft``'s demonstration actor plays oracle plans
 or random admissible actions (warm-start demonstrations).
 
 ``collect_rollouts`` runs ``n_groups x group_size`` environments. The members of a group reset with
@@ -41,9 +41,9 @@ import numpy as np
 from agent_rl.batch import StepBatch
 from agent_rl.config import RolloutConfig, check_rollout
 from anchors import compute_anchor_keys
-from training.engines import Engine, SamplingParams
-from training.envpool import EnvFactory, EnvPool, EnvResult, env_pool
-from training.prompts import PromptFormat, Turn
+from training.serving.engines import Engine, SamplingParams
+from training.serving.envpool import EnvFactory, EnvPool, EnvResult, env_pool
+from training.models.prompts import PromptFormat, Turn
 
 SEED_HIGH = 2**31 - 1
 

@@ -5,7 +5,7 @@ command in the prompt format of the rollouts, but nothing about which command wi
 whole task left to learn. ``oracle`` clones the environments' oracle plans (``envs.oracle_actions``),
 optionally followed by a DAgger round in which the clone plays and the oracle labels the states it
 reached (:class:`OracleLabeller`). Demonstrations are played by the rollouts' episode loop
-(``training.rollout.play_episodes``) with a :class:`DemonstrationActor` in place of the policy, so
+(``training.loop.rollout.play_episodes``) with a :class:`DemonstrationActor` in place of the policy, so
 their prompts are built exactly like rollout prompts, and the response is the action followed by the
 tokenizer's EOS, as the engines generate it.
 """
@@ -25,11 +25,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from agent_rl.config import SFT_MODES, Config, RolloutConfig
-from training.envpool import EnvFactory, EnvPool, env_pool
-from training.learner import response_logits, warmup_lr
-from training.prompts import PromptFormat
-from training.engines import Engine, HFEngine
-from training.rollout import Episode, Move, PlayStats, PolicyActor, draw_seeds, play_episodes, sampling_params
+from training.serving.envpool import EnvFactory, EnvPool, env_pool
+from training.loop.learner import response_logits, warmup_lr
+from training.models.prompts import PromptFormat
+from training.serving.engines import Engine, HFEngine
+from training.loop.rollout import Episode, Move, PlayStats, PolicyActor, draw_seeds, play_episodes, sampling_params
 
 FORMAT_CHECK_EVERY = 25
 """Cloning steps between two measurements of the format accuracy (``sft.format_target``)."""

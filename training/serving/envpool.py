@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkabl
 import gymnasium as gym
 
 from envs.registration import make_text_env, return_env
-from training.resolution import make_configured_env
+from training.infra.resolution import make_configured_env
 
 
 @dataclass
@@ -93,7 +93,7 @@ class RegisteredEnv:
 def env_factory(config) -> RegisteredEnv:
     """The factory of ``config.env``. Its first environment is built here, so an unknown ``env.id``
     or ``env.kwargs`` the environment refuses is a ``ConfigError`` naming the key before anything
-    else starts (``training.resolution.make_configured_env``); the factory keeps it as its spare."""
+    else starts (``training.infra.resolution.make_configured_env``); the factory keeps it as its spare."""
     factory = RegisteredEnv(config.env.id, dict(config.env.kwargs), tuple(config.env.imports))
     factory.keep(make_configured_env(config.env))
     return factory

@@ -30,19 +30,19 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from agent_rl.advantages import compute_advantages
 from agent_rl.config import Config, ConfigError, config_to_dict, save_config
 from envs import AUTO_SFT_REASONS
-from training import checkpoint
-from training.distributed import (
+from training.infra import checkpoint
+from training.infra.distributed import (
     broadcast_flag, broadcast_parameters, check_precision, init_distributed, resolve_device, shutdown_distributed,
 )
-from training.engines import Engine, engine_from_config
-from training.envpool import EnvFactory, env_factory, pool_from_config
-from training.evaluation import evaluate_heldout, target_reached
-from training.learner import Learner
-from training.logger import RunLogger
-from training.policy import add_lora, is_lora
-from training.resolution import resolve
-from training.rollout import anchor_keys, collect_rollouts
-from training.sft import warm_start
+from training.serving.engines import Engine, engine_from_config
+from training.serving.envpool import EnvFactory, env_factory, pool_from_config
+from training.loop.evaluation import evaluate_heldout, target_reached
+from training.loop.learner import Learner
+from training.infra.logger import RunLogger
+from training.models.policy import add_lora, is_lora
+from training.infra.resolution import resolve
+from training.loop.rollout import anchor_keys, collect_rollouts
+from training.loop.sft import warm_start
 
 RESUME_MAY_CHANGE = ("trainer.iterations", "trainer.run_dir", "trainer.target_success", "trainer.confirm_episodes", "trainer.torch_threads", "logging", "engine", "scale")
 """Config keys a resumed run may change; any other difference refuses the checkpoint."""
@@ -90,7 +90,7 @@ class Trainer:
         console: Console | None = None,
         on_iteration: Callable[[int, dict[str, float]], None] | None = None,
     ) -> None:
-        """``config`` is resolved here (``training.resolution.resolve``). ``engine`` generates with
+        """``config`` is resolved here (``training.infra.resolution.resolve``). ``engine`` generates with
         ``model``'s weights (synced after every update); None builds ``config.engine``'s.
         With ``policy.lora_rank`` > 0 a model without adapters gets fresh LoRA adapters (peft injects
         them into its modules) and only they train.
@@ -154,7 +154,7 @@ class Trainer:
         and torch with ``trainer.seed`` first. ``kwargs`` go to the constructor (``resume``, ...)."""
         from transformers.utils import logging as hf_logging
 
-        from training.policy import load_policy
+        from training.models.policy import load_policy
 
         hf_logging.disable_progress_bar()  # our own progress display replaces the per-shard bars
         make_env = make_env or env_factory(config)  # the constructor resolves the config
@@ -203,7 +203,7 @@ class Trainer:
         return metrics
 
     def evaluate(self, progress: Progress) -> dict[str, float]:
-        """Held-out evaluation (``training.evaluation.evaluate_heldout``), timed."""
+        """Held-out evaluation (``training.loop.evaluation.evaluate_heldout``), timed."""
         metrics: dict[str, float] = {}
         with timed(metrics, "time/eval"):
             metrics.update(evaluate_heldout(self.pool, self.engine, self.tokenizer, self.config, progress))
