@@ -247,8 +247,9 @@ def load_default_config(overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """``DEFAULT_RECIPE`` with ``overrides``; when the overrides name another environment, the library
     defaults with them instead: a recipe's settings (its environment's arguments, the warm start's
     sizes, the prompt) belong to its environment."""
-    if load_config(None, overrides).env.id != load_config(DEFAULT_RECIPE).env.id:
-        return load_config(None, overrides)
+    library = load_config(None, overrides)
+    if library.env.id != load_config(DEFAULT_RECIPE).env.id:
+        return library
     return load_config(DEFAULT_RECIPE, overrides)
 
 
