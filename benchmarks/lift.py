@@ -46,24 +46,32 @@ REACH = 0.95
 class Goal:
     """What a case must show: ``reach`` (greedy success >= ``value`` by the last iteration on every
     seed), ``lift`` (greedy lift >= ``value`` points on every seed) or ``hold`` (mean greedy lift over
-    the seeds >= ``value`` points)."""
+    the seeds >= ``value`` points); with ``minutes``, also every run done within that many minutes in
+    all (warm start, evaluations and RL)."""
 
     kind: str
     value: float
+    minutes: float | None = None
 
     def describe(self) -> str:
-        return {
+        what = {
             "reach": f"greedy success >= {self.value:.0%} on every seed",
             "lift": f"greedy lift >= {self.value:+.0f} points on every seed",
             "hold": f"mean greedy lift >= {self.value:+.0f} points",
         }[self.kind]
+        return what if self.minutes is None else f"{what}, within {self.minutes:.0f} min per run"
 
-    def met(self, finals: list[float], lifts: list[float]) -> bool:
+    def met(self, finals: list[float], lifts: list[float], total_s: list[float]) -> bool:
+        if self.minutes is not None and max(total_s) > 60 * self.minutes:
+            return False
         if self.kind == "reach":
             return min(finals) >= self.value
         if self.kind == "lift":
             return min(lifts) >= self.value
         return float(np.mean(lifts)) >= self.value
+
+
+SEEDS, QUICK_SEEDS = 5, 2
 
 
 @dataclass(frozen=True)
@@ -75,7 +83,29 @@ class Case:
     iterations: int
     eval_every: int
     goal: Goal
+    recipe: str | None = None
+    """Bundled recipe or YAML file the case starts from (``agent-rl train --config``); None starts
+    where ``agent-rl train`` without ``--config`` does."""
+    seeds: int = SEEDS
+    """Seeds a full run of the case has, and its goal is judged on."""
+    threads: int | None = 1
+    """Torch threads per run (runs go ``--workers`` at a time); None gives each run every core, for
+    cases timed alone (run them with ``--workers 1``)."""
 
+    @property
+    def threads_override(self) -> str:
+        return f"trainer.torch_threads={self.threads or 'null'}"
+
+    def config(self, extra: tuple[str, ...] = ()):
+        """The resolved config of the case's runs, with ``extra`` overrides on top."""
+        from agent_rl.config import load_config, load_default_config
+
+        overrides = [*COMMON, self.threads_override, *self.overrides, *extra]
+        return load_config(self.recipe, overrides) if self.recipe else load_default_config(overrides)
+
+
+SMOLLM2_TIMED = ("trainer.eval_sampled=false",)
+"""SmolLM2 cases evaluate greedily only, as their recipes do."""
 
 CASES = (
     Case("say", "the README quickstart's SayTheNumber (say the number 1-3 you are shown; random play wins 1/3)",
@@ -95,6 +125,12 @@ CASES = (
          ("env.id=textarena/FrozenLake-v0", "sft.mode=random"), 30, 5, Goal("lift", 30.0)),
     Case("maze-hold", "the main job's Maze from a clone that already wins about 95% (1,200 cloning steps on 4,000 episodes)",
          ("sft.steps=1200", "sft.episodes=4000"), 20, 5, Goal("hold", -2.0)),
+    # SmolLM2-135M-Instruct (agent-rl models install smollm2-135m-instruct), timed alone: run these
+    # with --workers 1, every core to the one run.
+    Case("smollm2-maze", "SmolLM2-135M-Instruct on the main job's Maze from its oracle clone (the smollm2-maze recipe)",
+         SMOLLM2_TIMED, 36, 18, Goal("lift", 20.0, minutes=60.0), recipe="smollm2-maze", seeds=3, threads=None),
+    Case("smollm2-sokoban", "SmolLM2-135M-Instruct on Sokoban from zero-shot, no demonstrations (the smollm2-sokoban recipe)",
+         SMOLLM2_TIMED, 36, 18, Goal("lift", 20.0, minutes=60.0), recipe="smollm2-sokoban", seeds=3, threads=None),
 )
 QUICK_CASES = (
     Case("say", "SayTheNumber, tiny sizes (a smoke test)",
@@ -104,15 +140,14 @@ QUICK_CASES = (
          ("env.id=benchmarks.lift_envs:lift/Bandit-v0", "sft.steps=25", "sft.episodes=160", "rollout.min_batch_rows=64",
           "trainer.eval_episodes=8"), 2, 1, Goal("reach", REACH)),
 )
-SEEDS, QUICK_SEEDS = 5, 2
 RANDOM_PLAY_EPISODES = 512
 
 COMMON = (
-    "trainer.torch_threads=1", "trainer.target_success=null", "trainer.eval_sampled=true", "trainer.eval_episodes=128",
+    "trainer.target_success=null", "trainer.eval_sampled=true", "trainer.eval_episodes=128",
     "logging.tensorboard=false", "logging.console=false",
 )
-"""Every run: one torch thread (runs go --workers at a time), no early stop, greedy and sampled
-evaluation on 128 held-out episodes (a case may shrink them)."""
+"""Every run: no early stop, greedy and sampled evaluation on 128 held-out episodes (a case may
+shrink them); its torch threads come from the case (``Case.threads``)."""
 
 
 # ---- runs -------------------------------------------------------------------------------------------
@@ -133,9 +168,15 @@ class Run:
     def command(self, engine: str) -> list[str]:
         checkpoints = self.run_dir / "checkpoints"
         resume = ["--resume", str(self.run_dir)] if checkpoints.is_dir() and any(checkpoints.iterdir()) else []
-        return [sys.executable, "-m", "agent_rl.cli", "train", *resume, *COMMON, f"engine={engine}", *self.case.overrides,
+        recipe = ["--config", self.case.recipe] if self.case.recipe else []
+        return [sys.executable, "-m", "agent_rl.cli", "train", *resume, *recipe, *COMMON, self.case.threads_override,
+                f"engine={engine}", *self.case.overrides,
                 *self.settings, f"trainer.iterations={self.case.iterations}", f"trainer.eval_every={self.case.eval_every}",
                 f"trainer.seed={self.seed}", f"trainer.run_dir={self.run_dir}"]
+
+    def environment(self) -> dict[str, str]:
+        """The run's process environment: OpenMP pinned to the case's thread count, or left as is."""
+        return {**os.environ, "OMP_NUM_THREADS": str(self.case.threads)} if self.case.threads else dict(os.environ)
 
 
 def seeds_present(out: Path, case: Case) -> int:
@@ -144,8 +185,10 @@ def seeds_present(out: Path, case: Case) -> int:
     return max(found, default=-1) + 1
 
 
-def plan(cases: tuple[Case, ...], seeds: int, out: Path, settings: tuple[str, ...] = ()) -> list[Run]:
-    return [Run(case, seed, out / "runs" / case.name / f"seed{seed}", settings) for case in cases for seed in range(seeds)]
+def plan(cases: tuple[Case, ...], seeds: int | None, out: Path, settings: tuple[str, ...] = ()) -> list[Run]:
+    """Every (case, seed) run: ``seeds`` per case, or each case's own count when None."""
+    return [Run(case, seed, out / "runs" / case.name / f"seed{seed}", settings)
+            for case in cases for seed in range(case.seeds if seeds is None else seeds)]
 
 
 def run_all(runs: list[Run], *, workers: int, engine: str, progress) -> None:
@@ -162,7 +205,7 @@ def run_all(runs: list[Run], *, workers: int, engine: str, progress) -> None:
             run.run_dir.mkdir(parents=True, exist_ok=True)
             with (run.run_dir / "train.log").open("a") as log:
                 process = subprocess.Popen(run.command(engine), stdout=log, stderr=subprocess.STDOUT,
-                                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+                                           env=run.environment())
             running.append((run, process, progress.add_task(f"  {run.case.name} seed {run.seed}", total=run.case.iterations + 1)))
         time.sleep(1.0)
         for entry in list(running):
@@ -212,14 +255,13 @@ def run_summary(records: list[dict]) -> dict[str, Any]:
 def random_play_success(case: Case, episodes: int = RANDOM_PLAY_EPISODES) -> float | None:
     """Success of uniformly random admissible actions on the case's held-out seeds (None where the
     environment lists no admissible actions)."""
-    from agent_rl.config import load_default_config
     from training.serving.envpool import env_factory
     from training.loop.evaluation import eval_seeds
     from training.models.policy import load_policy
     from training.loop.sft import collect_demonstrations
 
-    config = load_default_config(case.overrides)
-    _, tokenizer = load_policy("embedded")
+    config = case.config()
+    _, tokenizer = load_policy(config.policy.name_or_path)
     try:
         demos = collect_demonstrations(env_factory(config), tokenizer, config.rollout, mode="random",
                                        seeds=eval_seeds(episodes), rng=np.random.default_rng(0))
@@ -231,6 +273,7 @@ def random_play_success(case: Case, episodes: int = RANDOM_PLAY_EPISODES) -> flo
 def case_summary(case: Case, runs: list[dict[str, Any]], random_play: float | None) -> dict[str, Any]:
     lifts = [r["greedy_lift"] for r in runs]
     finals = [r["greedy_success"][-1] for r in runs]
+    totals = [r["total_s"] for r in runs]
 
     def interval(values: list[float]) -> dict[str, float]:
         mean, half = mean_interval(np.asarray(values))
@@ -239,7 +282,7 @@ def case_summary(case: Case, runs: list[dict[str, Any]], random_play: float | No
     return {
         "case": case.name, "description": case.description, "overrides": list(case.overrides), "iterations": case.iterations,
         "eval_every": case.eval_every, "goal": case.goal.describe(),
-        "goal_met": case.goal.met(finals, lifts) if len(runs) >= SEEDS else None,  # judged on the full seed count only
+        "goal_met": case.goal.met(finals, lifts, totals) if len(runs) >= case.seeds else None,  # on the full seed count only
         "seeds": len(runs), "random_play_success": random_play,
         "start_greedy": interval([r["greedy_success"][0] for r in runs]),
         "final_greedy": interval(finals),
@@ -247,7 +290,7 @@ def case_summary(case: Case, runs: list[dict[str, Any]], random_play: float | No
         "start_sampled": interval([r["sampled_success"][0] for r in runs]),
         "final_sampled": interval([r["sampled_success"][-1] for r in runs]),
         "sampled_lift": interval([r["sampled_lift"] for r in runs]),
-        "total_s": interval([r["total_s"] for r in runs]),
+        "total_s": interval(totals),
         "warm_start_s": interval([r["warm_start_s"] for r in runs]),
         "runs": runs,
     }
@@ -287,11 +330,20 @@ def compare(summary: dict[str, Any], baseline: dict[str, Any], baseline_path: Pa
 
 
 def _verdict(met: bool | None) -> str:
-    return f"not judged (fewer than {SEEDS} seeds)" if met is None else ("yes" if met else "no")
+    return "not judged (fewer seeds than the case's)" if met is None else ("yes" if met else "no")
 
 
 def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
+    return "-" if x is None or np.isnan(x) else f"{100 * x:.1f}%"
+
+
+def _points(x: float) -> str:
+    return "-" if np.isnan(x) else f"{x:+.1f}"
+
+
+def _interval(i: dict[str, float]) -> str:
+    """A lift's mean and interval in points; "-" when the runs did not measure it (no sampled evaluation)."""
+    return "-" if np.isnan(i["mean"]) else f"{i['mean']:+.1f} [{i['ci_low']:+.1f}, {i['ci_high']:+.1f}]"
 
 
 def write_markdown(summary: dict[str, Any], path: Path) -> None:
@@ -304,9 +356,9 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
         g, s = c["greedy_lift"], c["sampled_lift"]
         lines.append(
             f"| {c['case']} | {c['seeds']} | {_pct(c['random_play_success'])} | {_pct(c['start_greedy']['mean'])} -> "
-            f"{_pct(c['final_greedy']['mean'])} | {g['mean']:+.1f} [{g['ci_low']:+.1f}, {g['ci_high']:+.1f}] | "
-            f"{_pct(c['start_sampled']['mean'])} -> {_pct(c['final_sampled']['mean'])} | {s['mean']:+.1f} [{s['ci_low']:+.1f}, "
-            f"{s['ci_high']:+.1f}] | {c['total_s']['mean'] / 60:.1f} | {c['goal']} | {_verdict(c['goal_met'])} |")
+            f"{_pct(c['final_greedy']['mean'])} | {_interval(g)} | "
+            f"{_pct(c['start_sampled']['mean'])} -> {_pct(c['final_sampled']['mean'])} | {_interval(s)} | "
+            f"{c['total_s']['mean'] / 60:.1f} | {c['goal']} | {_verdict(c['goal_met'])} |")
     if summary.get("settings"):
         lines += ["", f"Settings on top of the embedded defaults: `{' '.join(summary['settings'])}`."]
     for c in (c for c in summary["cases"] if "vs_baseline" in c):
@@ -320,7 +372,7 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
         lines.append("")
         for r in c["runs"]:
             curve = ", ".join(f"{100 * v:.1f}" for v in r["greedy_success"])
-            lines.append(f"- seed {r['seed']}: {curve} (lift {r['greedy_lift']:+.1f}; sampled {r['sampled_lift']:+.1f}; "
+            lines.append(f"- seed {r['seed']}: {curve} (lift {r['greedy_lift']:+.1f}; sampled {_points(r['sampled_lift'])}; "
                          f"warm start {r['warm_start_s'] / 60:.1f} of {r['total_s'] / 60:.1f} min)")
         lines.append("")
     path.write_text("\n".join(lines))
@@ -361,13 +413,13 @@ def plot(summary: dict[str, Any], out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from agent_rl.config import ConfigError, load_default_config
+    from agent_rl.config import ConfigError
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="two tiny cases on 2 seeds (a smoke test)")
     parser.add_argument("--cases", help="comma-separated case names (default: all)")
-    parser.add_argument("--seeds", type=int, help=f"seeds per case (default {SEEDS}; {QUICK_SEEDS} with --quick)")
+    parser.add_argument("--seeds", type=int, help=f"seeds per case (default: the case's, {SEEDS} for most; {QUICK_SEEDS} with --quick)")
     parser.add_argument("--workers", type=int, default=2, help="runs at a time (default 2)")
     parser.add_argument("--engine", default="auto", choices=("auto", "hf", "vllm"), help="engine of every run")
     parser.add_argument("--out", type=Path, default=OUT_DIR, help=f"results directory (default {OUT_DIR})")
@@ -383,13 +435,13 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"unknown case(s) {unknown}; choose from {list(known)}")
         cases = tuple(known[n] for n in args.cases.split(","))
-    seeds = args.seeds or (QUICK_SEEDS if args.quick else SEEDS)
-    if seeds < 2:
+    seeds = args.seeds or (QUICK_SEEDS if args.quick else None)
+    if seeds is not None and seeds < 2:
         parser.error("--seeds must be at least 2 (lifts get an interval over seeds)")
     settings = tuple(args.set)
     try:
         for case in cases:  # a bad key or value fails here, before any run starts
-            load_default_config([*COMMON, *case.overrides, *settings])
+            case.config(settings)
     except ConfigError as exc:
         parser.error(str(exc))
     runs = plan(cases, seeds, args.out, settings)

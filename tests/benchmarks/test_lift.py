@@ -15,9 +15,13 @@ from envs import check_text_env
 
 def test_goals_by_hand():
     reach, gain, hold = lift.Goal("reach", 0.95), lift.Goal("lift", 30.0), lift.Goal("hold", -2.0)
-    assert reach.met([0.95, 1.0], [10.0, 0.0]) and not reach.met([0.94, 1.0], [90.0, 90.0])
-    assert gain.met([0.5, 0.6], [30.0, 45.0]) and not gain.met([0.9, 0.9], [29.9, 80.0])
-    assert hold.met([0.9, 0.9], [-3.0, 0.0]) and not hold.met([0.9, 0.9], [-3.0, -1.5])
+    times = [60.0, 60.0]
+    assert reach.met([0.95, 1.0], [10.0, 0.0], times) and not reach.met([0.94, 1.0], [90.0, 90.0], times)
+    assert gain.met([0.5, 0.6], [30.0, 45.0], times) and not gain.met([0.9, 0.9], [29.9, 80.0], times)
+    assert hold.met([0.9, 0.9], [-3.0, 0.0], times) and not hold.met([0.9, 0.9], [-3.0, -1.5], times)
+    timed = lift.Goal("lift", 20.0, minutes=60.0)
+    assert timed.met([0.8, 0.8], [20.0, 25.0], [3600.0, 1200.0]) and not timed.met([0.8, 0.8], [20.0, 25.0], [3600.5, 1200.0])
+    assert timed.describe() == "greedy lift >= +20 points on every seed, within 60 min per run"
 
 
 def test_run_summary_by_hand():
@@ -53,11 +57,20 @@ def test_the_bandit_answer_is_a_table_the_text_never_shows():
 
 
 def test_every_case_is_a_valid_config():
-    from agent_rl.config import load_config
-
     for case in (*lift.CASES, *lift.QUICK_CASES):
-        config = load_config(overrides=[*lift.COMMON, *case.overrides, f"trainer.iterations={case.iterations}"])
-        assert config.trainer.target_success is None
+        config = case.config((f"trainer.iterations={case.iterations}",))
+        assert config.trainer.target_success is None and config.trainer.iterations == case.iterations
+
+
+def test_a_recipe_case_trains_with_its_recipe_and_its_own_seed_count(tmp_path):
+    case = lift.Case("r", "a recipe case", ("trainer.eval_sampled=false",), 4, 2, lift.Goal("lift", 20.0, 60.0),
+                     recipe="sokoban", seeds=3)
+    assert case.config().env.id == "agent_rl/Sokoban-v0" and case.config().trainer.eval_sampled is False
+    runs = lift.plan((case, lift.CASES[0]), None, tmp_path)
+    assert [(r.case.name, r.seed) for r in runs] == [("r", 0), ("r", 1), ("r", 2), *(("say", k) for k in range(lift.SEEDS))]
+    command = runs[0].command("hf")
+    assert command[command.index("--config") + 1] == "sokoban" and "--config" not in runs[3].command("hf")
+    assert len(lift.plan((case,), 2, tmp_path)) == 2
 
 
 @pytest.mark.slow
@@ -89,3 +102,20 @@ def test_bad_settings_fail_before_any_run(tmp_path, capsys):
     with pytest.raises(SystemExit):
         lift.main(["--quick", "--out", str(tmp_path), "--set", "optim.lr=-1"])
     assert "optim.lr" in capsys.readouterr().err and not (tmp_path / "runs").exists()
+
+
+def test_a_case_without_sampled_evaluation_reports_dashes(tmp_path):
+    def run(seed, start, end):
+        return {"seed": seed, **lift.run_summary([
+            {"iteration": 0, "time/elapsed": 60.0, "time/eval": 10.0, "eval/greedy_success": start},
+            {"iteration": 2, "time/elapsed": 600.0, "eval/greedy_success": end, "rollout/success_rate": 0.5,
+             "rollout/invalid_rate": 0.1},
+        ])}
+
+    case = lift.Case("r", "greedy only", (), 2, 2, lift.Goal("lift", 20.0, minutes=60.0), recipe="sokoban", seeds=2)
+    summary = {"cases": [lift.case_summary(case, [run(0, 0.25, 0.5), run(1, 0.25, 0.75)], None)]}
+    assert summary["cases"][0]["goal_met"] is True and summary["cases"][0]["greedy_lift"]["mean"] == pytest.approx(37.5)
+    lift.write_markdown(summary, tmp_path / "summary.md")
+    text = (tmp_path / "summary.md").read_text()
+    assert "| r | 2 | - | 25.0% -> 62.5% | +37.5 [" in text and "| - -> - | - | 10.0 |" in text
+    assert "(lift +25.0; sampled -;" in text and "nan" not in text

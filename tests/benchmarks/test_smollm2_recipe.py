@@ -38,7 +38,7 @@ def test_a_short_run_of_the_recipe_writes_its_curve_and_no_checkpoints(tmp_path)
     path = smollm2_recipe.main([
         "--out", str(tmp_path), "policy=embedded", "engine=hf", "sft.steps=1", "sft.episodes=2", "sft.batch_size=2",
         "trainer.iterations=1", "trainer.eval_every=1", "trainer.eval_episodes=2", "rollout.n_groups=1",
-        "rollout.group_size=2", "rollout.max_turns=2", "logging.console=false",
+        "rollout.group_size=2", "rollout.max_turns=2", "optim.minibatch_size=2", "logging.console=false",
     ])
     result = json.loads(path.read_text())
     assert result["curve"]["iteration"] == [0, 1] and result["matmul_peak_flops_per_s"] > 0

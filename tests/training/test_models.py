@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import math
 import shutil
 import subprocess
 import sys
@@ -253,9 +254,10 @@ def test_smollm2_trains_one_iteration(smollm2, tmp_path, weights):
     from training.infra.logger import read_metrics
     from training.loop.trainer import train
 
-    # The bundled recipe, shrunk: one warm-start step, one iteration of two 2-turn episodes.
+    # The bundled recipe, shrunk: one warm-start step, one iteration of two 2-turn episodes; in
+    # float32, where engine and learner logprobs agree exactly (bf16 rounds them apart).
     config = load_config("smollm2-maze", overrides=[
-        f"policy={SMOLLM2}", "engine=hf", f"trainer.run_dir={tmp_path}", "trainer.iterations=1", "trainer.eval_every=0",
+        f"policy={SMOLLM2}", "policy.precision=fp32", "engine=hf", f"trainer.run_dir={tmp_path}", "trainer.iterations=1", "trainer.eval_every=0",
         "trainer.eval_episodes=1", "trainer.eval_sampled=false", "sft.steps=1", "sft.batch_size=2", "sft.episodes=2",
         "env.kwargs={n_rooms: 2, n_locked_doors: 0, dead_ends: 0, extra_edges: 0, n_distractors: 0, max_steps: 2}",
         "rollout.n_groups=1", "rollout.group_size=2", "rollout.max_turns=2", "optim.micro_batch_size=4", "optim.minibatch_size=2",
@@ -275,3 +277,27 @@ def test_smollm2_trains_one_iteration(smollm2, tmp_path, weights):
     assert last.iteration == 1
     assert (last.model_dir / "adapter_model.safetensors").is_file() == (weights == "lora")
     shutil.rmtree(tmp_path / "checkpoints")  # 0.5 GB per checkpoint of this model (full fine-tuning)
+
+
+@requires_smollm2
+@pytest.mark.slow
+def test_smollm2_sokoban_recipe_trains_one_iteration_from_zero_shot(smollm2, tmp_path):
+    from agent_rl.config import load_config
+    from training.infra.distributed import bf16_supported
+    from training.infra.logger import read_metrics
+    from training.loop.trainer import train
+
+    precision = "bf16" if bf16_supported(torch.device("cpu")) else "fp32"  # the recipe's, where the CPU has it
+    config = load_config("smollm2-sokoban", overrides=[
+        f"policy.precision={precision}", "engine=hf", f"trainer.run_dir={tmp_path}", "trainer.iterations=1",
+        "trainer.eval_every=0", "trainer.eval_episodes=1", "rollout.n_groups=1", "rollout.group_size=2",
+        "rollout.max_turns=2", "rollout.max_new_tokens=8", "optim.minibatch_size=2", "logging.console=false",
+        "logging.tensorboard=false", "trainer.save_every=100",
+    ])
+    assert config.sft.mode == "none" and config.env.id == "agent_rl/Sokoban-v0"
+    train(config)
+    first, last = read_metrics(tmp_path)
+    assert not any(key.startswith("sft/") for key in first)  # no demonstrations
+    assert last["iteration"] == 1 and last["rollout/rows"] == 4 and "eval/greedy_success" in last
+    assert all(math.isfinite(value) for key, value in last.items() if key.startswith("update/"))
+    shutil.rmtree(tmp_path / "checkpoints")

@@ -38,7 +38,7 @@ def check_precision(precision: str, device: torch.device) -> None:
     if precision == "bf16" and not bf16_supported(device):
         raise ValueError(
             f"precision 'bf16' needs a CUDA GPU with bf16 or a CPU with AVX512-BF16 or AMX; {device} has neither "
-            "(use fp32)"
+            "(override it: policy.precision=fp32)"
         )
 
 
