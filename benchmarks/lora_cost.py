@@ -5,7 +5,7 @@ its own, so its peak memory is its own. On one fixed batch shaped like the ``smo
 (turn-0 Maze prompts of that recipe's format, ``--groups`` seeds x 4 copies, each copy replying with a
 different admissible action), each arm records
 - trained parameters, and the bytes their gradients and AdamW state take;
-- the learner: seconds per ``Learner.optimize`` call (the recipe's minibatches, best of ``--updates``
+- the learner: seconds per ``Learner.optimize`` call (two AdamW steps, ``MEASURED_WITH``; best of ``--updates``
   after a warm-up) and forwarded tokens per second;
 - the engine sync: seconds to build and write the weights the engine reloads (LoRA merges its
   adapters into them first: ``training.models.policy.serving_state_dict``);
@@ -46,6 +46,8 @@ from training.models.prompts import PromptFormat
 from training.infra.resolution import resolve
 
 RECIPE = "smollm2-maze"
+MEASURED_WITH = ("policy.precision=fp32", "optim.epochs=1", "optim.minibatches=2", "optim.minibatch_size=0", "optim.warmup_steps=0")
+"""The recipe's update as the committed result measured it: float32, two AdamW steps per batch."""
 COPIES = 4  # trajectories per group: the recipe's group size
 
 
@@ -72,7 +74,7 @@ def directory_bytes(path: Path) -> int:
 
 def measure_arm(policy: str, rank: int, groups: int, updates: int) -> dict[str, Any]:
     """One arm in this process: ``rank`` 0 is full fine-tuning."""
-    config = resolve(load_config(RECIPE, [f"policy={policy}", "engine=hf", f"policy.lora_rank={rank}"]))
+    config = resolve(load_config(RECIPE, [*MEASURED_WITH, f"policy={policy}", "engine=hf", f"policy.lora_rank={rank}"]))
     torch.manual_seed(0)
     model, tokenizer = load_policy(policy)
     if rank:
