@@ -104,7 +104,7 @@ class Case:
         return load_config(self.recipe, overrides) if self.recipe else load_default_config(overrides)
 
 
-SMOLLM2_TIMED = ("trainer.eval_sampled=false",)
+GREEDY_EVAL_ONLY = ("trainer.eval_sampled=false",)
 """SmolLM2 cases evaluate greedily only, as their recipes do."""
 
 CASES = (
@@ -128,9 +128,9 @@ CASES = (
     # SmolLM2-135M-Instruct (agent-rl models install smollm2-135m-instruct), timed alone: run these
     # with --workers 1, every core to the one run.
     Case("smollm2-maze", "SmolLM2-135M-Instruct on the main job's Maze from its oracle clone (the smollm2-maze recipe)",
-         SMOLLM2_TIMED, 36, 18, Goal("lift", 20.0, minutes=60.0), recipe="smollm2-maze", seeds=3, threads=None),
+         GREEDY_EVAL_ONLY, 36, 18, Goal("lift", 20.0, minutes=60.0), recipe="smollm2-maze", seeds=3, threads=None),
     Case("smollm2-sokoban", "SmolLM2-135M-Instruct on Sokoban from zero-shot, no demonstrations (the smollm2-sokoban recipe)",
-         SMOLLM2_TIMED, 36, 18, Goal("lift", 20.0, minutes=60.0), recipe="smollm2-sokoban", seeds=3, threads=None),
+         GREEDY_EVAL_ONLY, 36, 18, Goal("lift", 20.0, minutes=60.0), recipe="smollm2-sokoban", seeds=3, threads=None),
 )
 QUICK_CASES = (
     Case("say", "SayTheNumber, tiny sizes (a smoke test)",
@@ -257,11 +257,11 @@ def random_play_success(case: Case, episodes: int = RANDOM_PLAY_EPISODES) -> flo
     environment lists no admissible actions)."""
     from training.serving.envpool import env_factory
     from training.loop.evaluation import eval_seeds
-    from training.models.policy import load_policy
+    from training.models.policy import load_tokenizer, policy_dir
     from training.loop.sft import collect_demonstrations
 
     config = case.config()
-    _, tokenizer = load_policy(config.policy.name_or_path)
+    tokenizer = load_tokenizer(policy_dir(config.policy.name_or_path))  # the tokenizer alone, not the weights
     try:
         demos = collect_demonstrations(env_factory(config), tokenizer, config.rollout, mode="random",
                                        seeds=eval_seeds(episodes), rng=np.random.default_rng(0))

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -72,7 +71,7 @@ def run_train(overrides: list[str], run_dir: Path, console: Console, recipe: str
     command = [sys.executable, "-m", "agent_rl.cli", "train", *(["--config", recipe] if recipe else []), *overrides,
                f"trainer.run_dir={run_dir}", "logging.tensorboard=false", "logging.console=false"]
     with (run_dir / "train.log").open("w") as log:
-        code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+        code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT)
     if code != 0:
         raise RuntimeError(f"{' '.join(command)} failed (exit code {code}); its log: {run_dir / 'train.log'}")
     console.print(f"  done: {run_dir}")
