@@ -39,7 +39,8 @@ class _Stopped(KeyboardInterrupt):
         self.signum = signum
 
 
-def _raise_stopped(signum: int, frame) -> None:
+def raise_stopped(signum: int, frame) -> None:
+    """A SIGTERM handler that stops the process the way Ctrl-C does (``KeyboardInterrupt``)."""
     signal.signal(signum, signal.SIG_IGN)  # a scheduler's repeated SIGTERMs must not interrupt the cleanup
     raise _Stopped(signum)
 
@@ -138,7 +139,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             os._exit(status)
         return status
 
-    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    previous = signal.signal(signal.SIGTERM, raise_stopped)
     try:
         return _report_errors(run)
     finally:
@@ -198,7 +199,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(f"agent-rl: error: {module} is not installed; reinstall agent-rl (pip install agent-rl[bench])",
               file=sys.stderr)
         return 2
-    return subprocess.call([sys.executable, "-m", module, *args.bench_args])
+    process = subprocess.Popen([sys.executable, "-m", module, *args.bench_args])
+    previous = signal.signal(signal.SIGTERM, raise_stopped)
+    try:
+        return process.wait()
+    except KeyboardInterrupt as exc:
+        if isinstance(exc, _Stopped):  # Ctrl-C reaches the benchmark itself (same process group); SIGTERM does not
+            process.terminate()
+        return process.wait()  # the benchmark stops its runs first
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def build_parser() -> argparse.ArgumentParser:

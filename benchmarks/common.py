@@ -6,9 +6,13 @@ import datetime as _dt
 import json
 import os
 import platform
+import signal
+import subprocess
+import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 _PACKAGE = Path(__file__).resolve().parent
 RESULTS_DIR = _PACKAGE / "results" if (_PACKAGE.parent / "pyproject.toml").is_file() else Path.cwd() / "benchmarks" / "results"
@@ -63,3 +67,41 @@ def write_result(name: str, payload: dict[str, Any], out_dir: Path | None = None
     path = out_dir / f"{name}.json"
     path.write_text(json.dumps({"machine": machine_info(), **payload}, indent=2, sort_keys=False) + "\n")
     return path
+
+
+@contextmanager
+def runs_stop_with_this_process(running: Callable[[], Iterable[subprocess.Popen]], grace_s: float = 120.0) -> Iterator[None]:
+    """SIGTERM stops the benchmark as Ctrl-C does, and however it stops, the runs it started (``running()``:
+    their processes) stop with it. Each still running gets SIGTERM (``agent-rl train`` then saves a checkpoint,
+    so a rerun resumes it), then SIGKILL after ``grace_s`` seconds. A run left behind would go on training
+    beside the rerun's copy of itself, in the same directory."""
+    from agent_rl.cli import raise_stopped
+
+    previous = signal.signal(signal.SIGTERM, raise_stopped)
+    try:
+        yield
+    finally:
+        interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            live = [process for process in running() if process.poll() is None]
+            for process in live:
+                process.terminate()
+            deadline = time.monotonic() + grace_s
+            for process in live:
+                try:
+                    process.wait(timeout=max(deadline - time.monotonic(), 0.0))
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+        finally:
+            signal.signal(signal.SIGINT, interrupt)
+            signal.signal(signal.SIGTERM, previous)
+
+
+def stopped(name: str, exc: KeyboardInterrupt) -> int:
+    """Say that the benchmark ``name`` was stopped and how to go on; returns the conventional status, 128 + signal."""
+    signum = getattr(exc, "signum", signal.SIGINT)
+    print(f"{name}: stopped by {signal.Signals(signum).name}: finished runs are kept; the same command resumes the others",
+          file=sys.stderr)
+    return 128 + signum

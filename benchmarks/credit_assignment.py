@@ -42,7 +42,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from benchmarks.common import RESULTS_DIR, machine_info
+from benchmarks.common import RESULTS_DIR, machine_info, runs_stop_with_this_process, stopped
 from benchmarks.credit_testbed import select_names
 from benchmarks.paired_stats import mean_interval, paired_difference
 
@@ -395,38 +395,37 @@ def run_grid(jobs: dict[str, list[Job]], *, workers: int, gate_points: float, pr
 
     for name in jobs:
         settle(name)
-    while any(pending.values()) or running:
-        for name in pending:
-            while len(running) < workers:
-                job = next((job for job in pending[name] if ready(job) and id(job) not in running), None)
-                if job is None:
-                    break
-                check_settings(job, record=True)
-                with (job.run_dir / "train.log").open("a") as log:
-                    process = subprocess.Popen(job.command(), stdout=log, stderr=subprocess.STDOUT,
-                                               env={**os.environ, "OMP_NUM_THREADS": "1"})
-                running[id(job)] = (job, process, progress.add_task(f"  {job.name}", total=units[id(job)]))
-        time.sleep(1.0)
-        for key, (job, process, task) in list(running.items()):
-            exit_code = process.poll()
-            logged = units[key] if exit_code == 0 else min(len(read_metrics(job.run_dir)), units[key] - 1)
-            progress.advance(overall, logged - credited.get(key, 0))
-            progress.update(task, completed=logged)
-            credited[key] = logged
-            if exit_code is None:
-                continue
-            if exit_code != 0:
-                for _, other, _ in running.values():
-                    other.terminate()
-                raise CellFailed(f"{job.name} failed (exit code {exit_code}); its log: {job.run_dir / 'train.log'}")
-            if job.rebuilds is not None:
-                adopt_rebuild(job)
-            else:
-                (job.run_dir / "DONE").touch()
-            progress.remove_task(task)
-            del running[key]
-            pending[job.env.name].remove(job)
-            settle(job.env.name)
+    with runs_stop_with_this_process(lambda: [process for _, process, _ in running.values()]):
+        while any(pending.values()) or running:
+            for name in pending:
+                while len(running) < workers:
+                    job = next((job for job in pending[name] if ready(job) and id(job) not in running), None)
+                    if job is None:
+                        break
+                    check_settings(job, record=True)
+                    with (job.run_dir / "train.log").open("a") as log:
+                        process = subprocess.Popen(job.command(), stdout=log, stderr=subprocess.STDOUT,
+                                                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+                    running[id(job)] = (job, process, progress.add_task(f"  {job.name}", total=units[id(job)]))
+            time.sleep(1.0)
+            for key, (job, process, task) in list(running.items()):
+                exit_code = process.poll()
+                logged = units[key] if exit_code == 0 else min(len(read_metrics(job.run_dir)), units[key] - 1)
+                progress.advance(overall, logged - credited.get(key, 0))
+                progress.update(task, completed=logged)
+                credited[key] = logged
+                if exit_code is None:
+                    continue
+                if exit_code != 0:
+                    raise CellFailed(f"{job.name} failed (exit code {exit_code}); its log: {job.run_dir / 'train.log'}")
+                if job.rebuilds is not None:
+                    adopt_rebuild(job)
+                else:
+                    (job.run_dir / "DONE").touch()
+                progress.remove_task(task)
+                del running[key]
+                pending[job.env.name].remove(job)
+                settle(job.env.name)
     return gates
 
 
@@ -675,6 +674,8 @@ def main(argv: list[str] | None = None) -> int:
     except (MixedSettingsError, CellFailed) as exc:
         print(f"credit_assignment: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:
+        return stopped("credit_assignment", exc)
     summary = summarize(jobs, gates, args.gate)
     payload = {
         "machine": machine_info(), "quick": args.quick, "seeds": seeds, "gate_points": args.gate, "workers": args.workers,

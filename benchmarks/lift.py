@@ -14,7 +14,8 @@ success minus its iteration-0 success (the same run, the same held-out episodes)
     agent-rl bench lift --cases bandit --set optim.lr=1e-4 algo.negative_weight=1 --out DIR   # other settings
 
 Runs go ``--workers`` at a time, one torch thread each; finished runs are skipped on a rerun and a
-run killed midway resumes from its last checkpoint. ``--report`` summarizes the finished runs and
+run killed midway resumes from its last checkpoint. Stopping the benchmark (Ctrl-C, SIGTERM) stops its
+runs, each saving a checkpoint. ``--report`` summarizes the finished runs and
 trains nothing. Outputs under ``--out`` (default ``benchmarks/results/lift``): per run
 ``runs/<case>/seed<k>/`` (``metrics.jsonl``, ``config.yaml``; checkpoints are not committed),
 ``summary.json``, ``summary.md``, ``curves.png`` and ``lifts.png``.
@@ -34,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import RESULTS_DIR, machine_info
+from benchmarks.common import RESULTS_DIR, machine_info, runs_stop_with_this_process, stopped
 from benchmarks.paired_stats import mean_interval, paired_difference
 
 OUT_DIR = RESULTS_DIR / "lift"
@@ -130,7 +131,7 @@ CASES = (
     Case("smollm2-maze", "SmolLM2-135M-Instruct on the main job's Maze from its oracle clone (the smollm2-maze recipe)",
          GREEDY_EVAL_ONLY, 36, 18, Goal("lift", 20.0, minutes=60.0), recipe="smollm2-maze", seeds=3, threads=None),
     Case("smollm2-sokoban", "SmolLM2-135M-Instruct on Sokoban from zero-shot, no demonstrations (the smollm2-sokoban recipe)",
-         GREEDY_EVAL_ONLY, 36, 18, Goal("lift", 20.0, minutes=60.0), recipe="smollm2-sokoban", seeds=3, threads=None),
+         GREEDY_EVAL_ONLY, 24, 12, Goal("lift", 20.0, minutes=60.0), recipe="smollm2-sokoban", seeds=3, threads=None),
 )
 QUICK_CASES = (
     Case("say", "SayTheNumber, tiny sizes (a smoke test)",
@@ -199,29 +200,28 @@ def run_all(runs: list[Run], *, workers: int, engine: str, progress) -> None:
     overall = progress.add_task("lift (iterations of all runs)", total=sum(r.case.iterations + 1 for r in runs))
     progress.advance(overall, sum(r.case.iterations + 1 for r in runs if r.done))
     running: list[tuple[Run, subprocess.Popen, Any]] = []
-    while pending or running:
-        while pending and len(running) < workers:
-            run = pending.pop(0)
-            run.run_dir.mkdir(parents=True, exist_ok=True)
-            with (run.run_dir / "train.log").open("a") as log:
-                process = subprocess.Popen(run.command(engine), stdout=log, stderr=subprocess.STDOUT,
-                                           env=run.environment())
-            running.append((run, process, progress.add_task(f"  {run.case.name} seed {run.seed}", total=run.case.iterations + 1)))
-        time.sleep(1.0)
-        for entry in list(running):
-            run, process, task = entry
-            progress.update(task, completed=len(read_metrics(run.run_dir)) if (run.run_dir / "metrics.jsonl").exists() else 0)
-            code = process.poll()
-            if code is None:
-                continue
-            if code != 0:
-                for _, other, _ in running:
-                    other.terminate()
-                raise RuntimeError(f"{run.case.name} seed {run.seed} failed (exit code {code}); its log: {run.run_dir / 'train.log'}")
-            (run.run_dir / "DONE").touch()
-            progress.advance(overall, run.case.iterations + 1)
-            progress.remove_task(task)
-            running.remove(entry)
+    with runs_stop_with_this_process(lambda: [process for _, process, _ in running]):
+        while pending or running:
+            while pending and len(running) < workers:
+                run = pending.pop(0)
+                run.run_dir.mkdir(parents=True, exist_ok=True)
+                with (run.run_dir / "train.log").open("a") as log:
+                    process = subprocess.Popen(run.command(engine), stdout=log, stderr=subprocess.STDOUT,
+                                               env=run.environment())
+                running.append((run, process, progress.add_task(f"  {run.case.name} seed {run.seed}", total=run.case.iterations + 1)))
+            time.sleep(1.0)
+            for entry in list(running):
+                run, process, task = entry
+                progress.update(task, completed=len(read_metrics(run.run_dir)) if (run.run_dir / "metrics.jsonl").exists() else 0)
+                code = process.poll()
+                if code is None:
+                    continue
+                if code != 0:
+                    raise RuntimeError(f"{run.case.name} seed {run.seed} failed (exit code {code}); its log: {run.run_dir / 'train.log'}")
+                (run.run_dir / "DONE").touch()
+                progress.advance(overall, run.case.iterations + 1)
+                progress.remove_task(task)
+                running.remove(entry)
 
 
 # ---- summaries -----------------------------------------------------------------------------------------
@@ -360,7 +360,7 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
             f"{_pct(c['start_sampled']['mean'])} -> {_pct(c['final_sampled']['mean'])} | {_interval(s)} | "
             f"{c['total_s']['mean'] / 60:.1f} | {c['goal']} | {_verdict(c['goal_met'])} |")
     if summary.get("settings"):
-        lines += ["", f"Settings on top of the embedded defaults: `{' '.join(summary['settings'])}`."]
+        lines += ["", f"Settings on top of each case's own: `{' '.join(summary['settings'])}`."]
     for c in (c for c in summary["cases"] if "vs_baseline" in c):
         d = c["vs_baseline"]["final_greedy_points"]
         lines += ["", f"{c['case']} against `{c['vs_baseline']['baseline']}` (paired on seeds {c['vs_baseline']['seeds']}): final greedy "
@@ -453,6 +453,8 @@ def main(argv: list[str] | None = None) -> int:
             except RuntimeError as exc:
                 print(f"lift: error: {exc}", file=sys.stderr)
                 return 1
+            except KeyboardInterrupt as exc:
+                return stopped("lift", exc)
     # The summary covers every finished run under --out, whichever cases and seeds this call named.
     finished = [run for case in every_case for run in plan((case,), seeds_present(args.out, case), args.out, settings) if run.done]
     random_play = {name: random_play_success(case) for name, case in {run.case.name: run.case for run in finished}.items()}

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from benchmarks.common import RESULTS_DIR, machine_info, write_result
+from benchmarks.common import RESULTS_DIR, machine_info, runs_stop_with_this_process, write_result
 
 RECIPE = "smollm2-maze"
 ARMS: dict[str, tuple[str, ...]] = {
@@ -71,7 +71,9 @@ def run_train(overrides: list[str], run_dir: Path, console: Console, recipe: str
     command = [sys.executable, "-m", "agent_rl.cli", "train", *(["--config", recipe] if recipe else []), *overrides,
                f"trainer.run_dir={run_dir}", "logging.tensorboard=false", "logging.console=false"]
     with (run_dir / "train.log").open("w") as log:
-        code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        with runs_stop_with_this_process(lambda: [process]):
+            code = process.wait()
     if code != 0:
         raise RuntimeError(f"{' '.join(command)} failed (exit code {code}); its log: {run_dir / 'train.log'}")
     console.print(f"  done: {run_dir}")

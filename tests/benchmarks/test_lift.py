@@ -4,6 +4,11 @@ environments it trains on, and a --quick run end to end (runs, summary, plots, r
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
@@ -73,9 +78,34 @@ def test_a_recipe_case_trains_with_its_recipe_and_its_own_seed_count(tmp_path):
     assert len(lift.plan((case,), 2, tmp_path)) == 2
 
 
+def _processes_naming(text: str) -> list[int]:
+    """Pids whose command line contains ``text`` (Linux /proc)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if text.encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+        except OSError:  # the process ended while we looked
+            continue
+    return found
+
+
 @pytest.mark.slow
-def test_quick_run_writes_curves_lifts_and_reports_again_without_training(tmp_path, capsys):
-    assert lift.main(["--quick", "--out", str(tmp_path), "--engine", "hf"]) == 0
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads /proc")
+def test_quick_run_stops_resumes_writes_curves_lifts_and_reports_again_without_training(tmp_path, capsys):
+    # SIGTERM to `agent-rl bench lift` (a scheduler's stop): the benchmark and every run it started exit;
+    # none goes on training beside the rerun's copy of itself.
+    bench = subprocess.Popen([str(Path(sys.executable).with_name("agent-rl")), "bench", "lift", "--quick", "--engine", "hf",
+                              "--out", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not any(tmp_path.glob("runs/*/seed*/metrics.jsonl")) and time.monotonic() < deadline:  # a run is training
+        time.sleep(0.2)
+    assert len(_processes_naming(str(tmp_path))) >= 2  # the benchmark and its first run
+    bench.send_signal(signal.SIGTERM)
+    assert bench.wait(timeout=180) == 128 + signal.SIGTERM
+    time.sleep(0.5)
+    assert _processes_naming(str(tmp_path)) == []
+    assert lift.main(["--quick", "--out", str(tmp_path), "--engine", "hf"]) == 0  # the rerun finishes them
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert [c["case"] for c in summary["cases"]] == ["say", "bandit"]
     for case in summary["cases"]:
@@ -119,3 +149,4 @@ def test_a_case_without_sampled_evaluation_reports_dashes(tmp_path):
     text = (tmp_path / "summary.md").read_text()
     assert "| r | 2 | - | 25.0% -> 62.5% | +37.5 [" in text and "| - -> - | - | 10.0 |" in text
     assert "(lift +25.0; sampled -;" in text and "nan" not in text
+

@@ -1,0 +1,56 @@
+"""Shared benchmark plumbing: the runs a benchmark starts stop with it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from benchmarks.common import runs_stop_with_this_process, stopped
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
+STUBBORN = [sys.executable, "-c", "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('ready', flush=True); time.sleep(120)"]
+
+
+def test_sigterm_stops_the_benchmark_like_ctrl_c_and_its_runs_with_it():
+    before = signal.getsignal(signal.SIGTERM)
+    runs = [subprocess.Popen(SLEEPER) for _ in range(2)]
+    with pytest.raises(KeyboardInterrupt):
+        with runs_stop_with_this_process(lambda: runs):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(10)  # interrupted at once
+    assert [run.poll() for run in runs] == [-signal.SIGTERM, -signal.SIGTERM]
+    assert signal.getsignal(signal.SIGTERM) is before and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_failure_stops_the_runs_and_one_that_ignores_sigterm_is_killed_after_the_grace():
+    stubborn = subprocess.Popen(STUBBORN, stdout=subprocess.PIPE, text=True)
+    assert stubborn.stdout.readline() == "ready\n"  # its SIGTERM handler is in place
+    finished = subprocess.Popen([sys.executable, "-c", "pass"])
+    finished.wait()
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="a run failed"):
+        with runs_stop_with_this_process(lambda: [stubborn, finished], grace_s=0.5):
+            raise RuntimeError("a run failed")
+    assert stubborn.poll() == -signal.SIGKILL and finished.returncode == 0
+    assert time.monotonic() - start < 30
+
+
+def test_runs_that_finished_are_left_alone():
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    with runs_stop_with_this_process(lambda: [done]):
+        done.wait()
+    assert done.returncode == 0
+
+
+def test_a_stopped_benchmark_says_how_to_go_on(capsys):
+    from agent_rl.cli import _Stopped
+
+    assert stopped("lift", _Stopped(signal.SIGTERM)) == 143 and stopped("lift", KeyboardInterrupt()) == 130
+    assert capsys.readouterr().err.splitlines()[0] == (
+        "lift: stopped by SIGTERM: finished runs are kept; the same command resumes the others")
