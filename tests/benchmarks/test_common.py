@@ -13,7 +13,7 @@ import pytest
 from benchmarks.common import runs_stop_with_this_process, stopped
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
-STUBBORN = [sys.executable, "-c", "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+STUBBORN = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
             "print('ready', flush=True); time.sleep(120)"]
 
 
