@@ -55,13 +55,14 @@ def _how_to_go_on(run_dir: str | None) -> str:
     return f"the last checkpoint is iteration {saved}; continue with: {resume_command(run_dir)}"
 
 
-def _stopped(exc: KeyboardInterrupt, run_dir: str | None) -> int:
-    """Say what was saved and how to go on (rank 0 only); returns the conventional status, 128 + signal."""
+def report_stop(name: str, exc: KeyboardInterrupt, how_to_go_on: str) -> int:
+    """Say in one line (rank 0 only) that ``name`` was stopped and how to go on; returns the conventional
+    status, 128 + signal."""
     import os
 
     signum = getattr(exc, "signum", signal.SIGINT)
     if os.environ.get("RANK", "0") == "0":
-        print(f"agent-rl: stopped by {signal.Signals(signum).name}: {_how_to_go_on(run_dir)}", file=sys.stderr, flush=True)
+        print(f"{name}: stopped by {signal.Signals(signum).name}: {how_to_go_on}", file=sys.stderr, flush=True)
     return 128 + signum
 
 
@@ -125,7 +126,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             train(config, resume=resume, resume_from=args.resume_from)
             status = 0
         except KeyboardInterrupt as exc:
-            status = _stopped(exc, config.trainer.run_dir)
+            status = report_stop("agent-rl", exc, _how_to_go_on(config.trainer.run_dir))
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise

@@ -8,7 +8,6 @@ import os
 import platform
 import signal
 import subprocess
-import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -101,7 +100,6 @@ def runs_stop_with_this_process(running: Callable[[], Iterable[subprocess.Popen]
 
 def stopped(name: str, exc: KeyboardInterrupt) -> int:
     """Say that the benchmark ``name`` was stopped and how to go on; returns the conventional status, 128 + signal."""
-    signum = getattr(exc, "signum", signal.SIGINT)
-    print(f"{name}: stopped by {signal.Signals(signum).name}: finished runs are kept; the same command resumes the others",
-          file=sys.stderr)
-    return 128 + signum
+    from agent_rl.cli import report_stop
+
+    return report_stop(name, exc, "finished runs are kept; the same command resumes the others")
