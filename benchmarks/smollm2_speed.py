@@ -247,4 +247,9 @@ def summarize_smollm2(out: Path, part: dict[str, Any]) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    from agent_rl.cli import report_stop
+
+    try:
+        main()
+    except KeyboardInterrupt as exc:
+        sys.exit(report_stop("smollm2_speed", exc, "its result file is unchanged; the same command runs it again"))
