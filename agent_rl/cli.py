@@ -255,7 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("target", metavar="RUN_DIR_OR_MODEL")
     p.add_argument("--env", help="environment id (default: the run's environment)")
     p.add_argument("--episodes", type=int, help="held-out episodes (default: trainer.eval_episodes)")
-    p.add_argument("--checkpoint", choices=("best", "last"), default="best", help="which checkpoint of a run")
+    p.add_argument("--checkpoint", choices=("best", "last", "sft"), default="best",
+                   help="which checkpoint of a run (sft: its warm start)")
     p.add_argument("--sampled", action="store_true", help="also evaluate with sampling")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE", help=imports_help)

@@ -347,14 +347,15 @@ def test_user_registered_env_trains_through_the_cli(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert [r["iteration"] for r in read_metrics(run_dir)] == [0, 1]
     assert load_config(run_dir / "config.yaml").env.imports == ["user_env_example"]
-    # And it evaluates through the CLI.
+    # And it evaluates through the CLI, its warm start too.
     out = tmp_path / "eval.json"
     result = subprocess.run(
-        [sys.executable, "-m", "agent_rl.cli", "eval", str(run_dir), "--episodes", "2", "--json", str(out)],
+        [sys.executable, "-m", "agent_rl.cli", "eval", str(run_dir), "--episodes", "2", "--checkpoint", "sft", "--json", str(out)],
         env=env, capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert json.loads(out.read_text())["env"] == "usertest/Counter-v0"
+    evaluated = json.loads(out.read_text())
+    assert evaluated["env"] == "usertest/Counter-v0" and Path(evaluated["model"]).parent.name == "iter-000000"
 
 
 def test_cli_reports_bad_config_in_one_line(capsys):
