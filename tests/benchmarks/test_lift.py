@@ -149,4 +149,3 @@ def test_a_case_without_sampled_evaluation_reports_dashes(tmp_path):
     text = (tmp_path / "summary.md").read_text()
     assert "| r | 2 | - | 25.0% -> 62.5% | +37.5 [" in text and "| - -> - | - | 10.0 |" in text
     assert "(lift +25.0; sampled -;" in text and "nan" not in text
-
