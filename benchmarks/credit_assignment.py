@@ -615,7 +615,7 @@ def plot(summary: dict[str, Any], out: Path) -> None:
         paired = {m: r["paired"]["sampled_auc"] for m, r in methods.items() if r.get("paired")}
         if not paired:
             continue
-        fig, ax = plt.subplots(figsize=(6, 0.9 + 0.6 * len(paired)))
+        fig, ax = plt.subplots(figsize=(7.5, 0.9 + 0.6 * len(paired)))
         for row, (method, d) in enumerate(paired.items()):
             ax.scatter(100 * np.array(d["per_seed"]), np.full(len(d["per_seed"]), row), color="0.5", s=14, zorder=2)
             ax.errorbar(100 * d["mean"], row, xerr=[[100 * (d["mean"] - d["ci_low"])], [100 * (d["ci_high"] - d["mean"])]],
