@@ -277,7 +277,7 @@ def case_summary(case: Case, runs: list[dict[str, Any]], random_play: float | No
 
     def interval(values: list[float]) -> dict[str, float]:
         mean, half = mean_interval(np.asarray(values))
-        return {"mean": mean, "ci_low": mean - half, "ci_high": mean + half}
+        return {"mean": mean, "ci_low": mean - half, "ci_high": mean + half, "n": len(values)}
 
     return {
         "case": case.name, "description": case.description, "overrides": list(case.overrides), "iterations": case.iterations,
@@ -342,8 +342,13 @@ def _points(x: float) -> str:
 
 
 def _interval(i: dict[str, float]) -> str:
-    """A lift's mean and interval in points; "-" when the runs did not measure it (no sampled evaluation)."""
-    return "-" if np.isnan(i["mean"]) else f"{i['mean']:+.1f} [{i['ci_low']:+.1f}, {i['ci_high']:+.1f}]"
+    """A lift's mean and interval in points; "-" when the runs did not measure it (no sampled evaluation),
+    and no interval from a single seed."""
+    if np.isnan(i["mean"]):
+        return "-"
+    if i["n"] < 2:
+        return f"{i['mean']:+.1f} (one seed, no interval)"
+    return f"{i['mean']:+.1f} [{i['ci_low']:+.1f}, {i['ci_high']:+.1f}]"
 
 
 def write_markdown(summary: dict[str, Any], path: Path) -> None:

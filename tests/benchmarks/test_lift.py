@@ -149,3 +149,7 @@ def test_a_case_without_sampled_evaluation_reports_dashes(tmp_path):
     text = (tmp_path / "summary.md").read_text()
     assert "| r | 2 | - | 25.0% -> 62.5% | +37.5 [" in text and "| - -> - | - | 10.0 |" in text
     assert "(lift +25.0; sampled -;" in text and "nan" not in text
+    one_seed = {"cases": [lift.case_summary(case, [run(0, 0.25, 0.5)], None)]}
+    lift.write_markdown(one_seed, tmp_path / "one_seed.md")
+    text = (tmp_path / "one_seed.md").read_text()
+    assert "| r | 1 | - | 25.0% -> 50.0% | +25.0 (one seed, no interval) |" in text and "[+25.0, +25.0]" not in text
