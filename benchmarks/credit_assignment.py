@@ -495,7 +495,7 @@ def summarize(jobs: dict[str, list[Job]], gates: dict[str, Gate], gate_points: f
             if seeds:
                 for key in (*PAIRED_METRICS, "grouped_fraction", "mean_anchor_group_size", "credit_share_of_iteration"):
                     values = [s[key] for s in seeds.values() if s[key] is not None]
-                    result[key] = dict(zip(("mean", "ci95"), mean_interval(np.array(values)))) if values else None
+                    result[key] = {**dict(zip(("mean", "ci95"), mean_interval(np.array(values)))), "n": len(values)} if values else None
                 curves = np.array([s["sampled_success"] for s in seeds.values()])
                 result["curve"] = {"iterations": next(iter(seeds.values()))["iterations"], "sampled_mean": curves.mean(0).tolist(),
                                    "greedy_mean": np.array([s["greedy_success"] for s in seeds.values()]).mean(0).tolist()}
@@ -532,7 +532,9 @@ def summarize(jobs: dict[str, list[Job]], gates: dict[str, Gate], gate_points: f
 
 
 def _points(x: dict | None) -> str:
-    return "-" if x is None else f"{100 * x['mean']:.1f} ± {100 * x['ci95']:.1f}"
+    if x is None:
+        return "-"
+    return f"{100 * x['mean']:.1f}" + (f" ± {100 * x['ci95']:.1f}" if x["n"] > 1 else " (one seed)")
 
 
 def write_markdown(summary: dict[str, Any], path: Path) -> None:

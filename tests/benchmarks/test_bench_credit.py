@@ -104,6 +104,11 @@ def test_summary_pairs_each_method_with_the_baseline_on_shared_seeds(tmp_path):
     bench.write_markdown({"maze": summary}, tmp_path / "summary.md")
     table = (tmp_path / "summary.md").read_text()
     assert "| gigpo-state | 2 | 32.5 ± " in table and "+12.5 [" in table and "+15.0, +10.0" in table
+    # A row over several seeds keeps its interval; a row of one seed shows its value, not a zero-width interval.
+    assert "| trajectory | 3 | 30.8 ± " in table
+    one_seed = bench.summarize({"maze": [job for job in jobs["maze"] if job.seed == 0]}, {})["maze"]
+    bench.write_markdown({"maze": one_seed}, tmp_path / "one_seed.md")
+    assert "| trajectory | 1 | 30.0 (one seed) |" in (tmp_path / "one_seed.md").read_text()
     assert "The pilot has not finished" in table
     assert "Compute: 5 cells and their warm starts took 0.16 core-hours (cells 0.15, warm starts 0.01)" in table
 
