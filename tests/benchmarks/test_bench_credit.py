@@ -138,6 +138,44 @@ def test_summary_checks_where_the_baseline_learned_and_repeats_the_comparison_th
     assert "paired_where_baseline_learned" not in bench.summarize(jobs, {}, gate_points=0.0)["maze"]["methods"]["gigpo-state"]
 
 
+def _fake_training(monkeypatch, sampled_by_seed):
+    """Jobs that write their metrics (and a warm start's checkpoint) at once instead of training: a
+    seed's cells all log ``sampled_by_seed[seed]`` at iterations 1 and 2 against 0.3 at iteration 0."""
+
+    def command(job):
+        if job.method is None:
+            records, model = _records([0], [0.3]), "(run / 'checkpoints').mkdir()"
+        else:
+            records, model = _records([0, 1, 2], [0.3, *[sampled_by_seed[job.seed]] * 2]), ""  # iteration 0 is the warm start's
+        lines = "".join(json.dumps(r) + "\n" for r in records)
+        return [sys.executable, "-c", f"import pathlib; run = pathlib.Path({str(job.run_dir)!r}); "
+                f"(run / 'metrics.jsonl').write_text({lines!r}); {model}"]
+
+    monkeypatch.setattr(bench.Job, "command", command)
+    monkeypatch.setattr(bench.time, "sleep", lambda seconds: None)
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_a_failed_gate_stops_a_gated_environment_and_not_an_ungated_one(tmp_path, monkeypatch, gated):
+    from rich.progress import Progress
+
+    _fake_training(monkeypatch, {0: 0.35, 1: 0.6})  # the pilot (seed 0) gains 5 points, seed 1 gains 30
+    env = bench.Environment("maze", "a test maze", bench.QUICK_GRID[0].overrides, ("trajectory", "gigpo-state"), gated=gated)
+    jobs = bench.plan((env,), 2, tmp_path)
+    with Progress(disable=True) as progress:
+        gates = bench.run_grid(jobs, workers=2, gate_points=15.0, progress=progress)
+    assert gates["maze"].gain == pytest.approx(5.0) and not gates["maze"].passed and gates["maze"].binding == gated
+    trained = [(job.seed, job.method) for job in jobs["maze"] if job.done]
+    if gated:
+        assert trained == [(0, None), (0, "trajectory")]
+        assert "no comparison was run" in gates["maze"].describe()
+    else:
+        assert trained == [(0, None), (0, "trajectory"), (0, "gigpo-state"), (1, None), (1, "trajectory"), (1, "gigpo-state")]
+        assert "runs ungated" in gates["maze"].describe()
+        summary = bench.summarize(jobs, gates)["maze"]
+        assert summary["baseline_learned_seeds"] == [1] and summary["gate"]["binding"] is False
+
+
 def test_a_warm_start_without_its_checkpoint_is_trained_again_and_must_match(tmp_path):
     jobs = _grid(tmp_path)["maze"]
     warm = {job.seed: job for job in jobs if job.method is None}
