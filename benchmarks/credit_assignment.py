@@ -81,25 +81,15 @@ COMMON = (
     "logging.tensorboard=false", "logging.console=false",
 )
 
-
-def maze_overrides(steps: int, history: int, epsilon: float) -> tuple[str, ...]:
-    """The main job's 4-room Maze (a locked door, a dead end) with ``steps`` steps and ``history`` past
-    turns in the prompt, from the clone of an explorer whose turns are random with probability ``epsilon``."""
-    return ("env.id=agent_rl/Maze-v0",
-            "env.kwargs={n_rooms: 4, n_locked_doors: 1, dead_ends: 1, extra_edges: 0, n_distractors: 0, "
-            f"max_steps: {steps}, oracle: explore}}",
-            f"rollout.max_turns={steps}", f"rollout.history_turns={history}",
-            "rollout.max_new_tokens=12", "sft.mode=oracle", "sft.steps=800", f"sft.epsilon={epsilon}", "sft.episodes=2000",
-            "sft.perturb=0", "sft.dagger_episodes=0", "optim.minibatch_size=8", "trainer.iterations=20",
-            "trainer.eval_every=10", "trainer.eval_episodes=128")
-
-
 # Sizes: the library's batches of 8 groups x 8 trajectories, as the main job's: on the Maze with the
 # current learner, trajectory-only credit passed the gate with them (+20.3 points on seed 0) and not
 # with 32 trajectories, in 8 groups of 4 (+2.0) or 4 of 8 (-3.1) (benchmarks/results/credit_pilots/
 # grid_maze_trajectory_baseline/). Evaluations (128 held-out episodes, sampled and greedy) at
-# iterations 0 (the warm start's run), 10 and 20. The warm starts were chosen by pilots of an
-# earlier learner (benchmarks/results/credit_pilots/):
+# iterations 0 (the warm start's run), 10 and 20.
+SIZES = ("optim.minibatch_size=8", "trainer.iterations=20", "trainer.eval_every=10", "trainer.eval_episodes=128")
+
+
+# The warm starts were chosen by pilots of an earlier learner (benchmarks/results/credit_pilots/):
 # - Maze: the main job's mazes, from the clone of an epsilon-greedy explorer (800 cloning steps on
 #   2,000 episodes in which 70% of the turns are a random admissible action, cloned too): its replies
 #   are valid commands but often poor ones, so the baseline has room to learn. A clone stopped early
@@ -113,6 +103,17 @@ def maze_overrides(steps: int, history: int, epsilon: float) -> tuple[str, ...]:
 #   (benchmarks/results/credit_pilots/grid_maze_short/). Ungated: on five seeds the baseline gained
 #   31-35 points on seeds 1 and 4 and under 15 on the others, seed 0 (the pilot) among them
 #   (credit_pilots/maze12_five_seeds/), so one seed's verdict says little; the report gives every seed's.
+def maze_overrides(steps: int, history: int, epsilon: float) -> tuple[str, ...]:
+    """The main job's 4-room Maze (a locked door, a dead end) with ``steps`` steps and ``history`` past
+    turns in the prompt, from the clone of an explorer whose turns are random with probability ``epsilon``."""
+    return ("env.id=agent_rl/Maze-v0",
+            "env.kwargs={n_rooms: 4, n_locked_doors: 1, dead_ends: 1, extra_edges: 0, n_distractors: 0, "
+            f"max_steps: {steps}, oracle: explore}}",
+            f"rollout.max_turns={steps}", f"rollout.history_turns={history}",
+            "rollout.max_new_tokens=12", "sft.mode=oracle", "sft.steps=800", f"sft.epsilon={epsilon}", "sft.episodes=2000",
+            "sft.perturb=0", "sft.dagger_episodes=0", *SIZES)
+
+
 FULL_GRID = (
     Environment(
         "maze",
@@ -126,8 +127,7 @@ FULL_GRID = (
         ("env.id=agent_rl/MiniCode-v0",
          "env.kwargs={level: 1, n_tests: 3, max_steps: 4, reference: false, oracle: drafts, draft_rate: 0.8}",
          "rollout.max_turns=4", "rollout.history_turns=1",
-         "rollout.max_new_tokens=24", "sft.mode=oracle", "sft.steps=600", "sft.perturb=0", "sft.dagger_episodes=0",
-         "optim.minibatch_size=8", "trainer.iterations=20", "trainer.eval_every=10", "trainer.eval_episodes=128"),
+         "rollout.max_new_tokens=24", "sft.mode=oracle", "sft.steps=600", "sft.perturb=0", "sft.dagger_episodes=0", *SIZES),
         ("trajectory", "gigpo-fingerprint", "graph-fingerprint"),
     ),
     Environment(
