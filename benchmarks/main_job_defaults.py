@@ -15,6 +15,8 @@ random numbers). No early stop: every run trains
         --warm-start before --out benchmarks/results/invalid_penalty        # the two forms of the invalid-action penalty
     python -m benchmarks.main_job_defaults --arms shortest-900,explore-900,shortest-300,explore-900-cosine \
         --iterations 0 --out benchmarks/results/warm_start_teacher  # the warm start's teacher, length, schedule
+    python -m benchmarks.main_job_defaults --arms precision-fp32,precision-bf16 --iterations 0 --engine hf \
+        --out benchmarks/results/main_job_precision                   # the main job's warm start in fp32 and bf16
 
 Outputs under ``--out`` (default ``benchmarks/results/main_job_defaults``): each run's
 ``metrics.jsonl`` and ``config.yaml`` (no checkpoints), ``summary.json`` with every curve and the
@@ -98,6 +100,9 @@ WARM_START_ARMS: dict[str, tuple[str, ...]] = {
     "shortest-900": (*WARM_START_BEFORE, "sft.steps=900"),
     "explore-900": (*WARM_START_BEFORE, "sft.steps=900", "env.kwargs.oracle=explore"),
     "explore-900-cosine": (*WARM_START_BEFORE, "sft.steps=900", "env.kwargs.oracle=explore", "sft.lr_schedule=cosine"),
+    # The main job's own recipe with its forward passes in float32 or under bfloat16 autocast.
+    "precision-fp32": ("policy.precision=fp32",),
+    "precision-bf16": ("policy.precision=bf16",),
 }
 """Arms that change the warm start: each trains its own, with these overrides, instead of starting
 from the seed's shared one (with ``--iterations 0`` they compare warm starts alone)."""
@@ -149,7 +154,10 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace) -> list[dict]:
 def curve(records: list[dict]) -> dict[str, list[float]]:
     evals = [r for r in records if r.get("eval/greedy_success") is not None]
     trained = [r for r in records if r["iteration"] > 0]
+    start = records[0]
     return {
+        # Seconds of the warm start: demonstrations and cloning, not the evaluation after it.
+        "warm_start_s": start["time/elapsed"] - start.get("time/eval", 0.0) if "time/elapsed" in start else None,
         "iteration": [r["iteration"] for r in evals],
         "greedy_success": [r["eval/greedy_success"] for r in evals],
         "greedy_invalid_rate": [r["eval/greedy_invalid_rate"] for r in evals],
@@ -177,6 +185,8 @@ def summarize(curves: dict[str, dict[int, dict]], seeds: list[int]) -> dict:
             "auc_greedy_success": mean_ci([auc(per_seed[s]) for s in seeds]),
             "mean_curve": np.mean([per_seed[s]["greedy_success"] for s in seeds], axis=0).tolist(),
         }
+        if all(per_seed[s].get("warm_start_s") is not None for s in seeds):
+            summary[arm]["warm_start_s"] = mean_ci([per_seed[s]["warm_start_s"] for s in seeds])
         for baseline in arms[: arms.index(arm)]:
             base = curves[baseline]
             finals = [[c[s]["greedy_success"][-1] for s in seeds] for c in (per_seed, base)]

@@ -57,11 +57,13 @@ class PolicyConfig:
     base model with the adapter merged in)."""
     device: str = "auto"
     """``auto`` (cuda when available, else cpu), ``cpu``, ``cuda`` or ``cuda:N``."""
-    precision: Literal[PRECISIONS] = "fp32"
-    """``fp32``, or ``bf16``: the forward passes of the learner, the warm start and the hf engine run
+    precision: Literal[("auto", *PRECISIONS)] = "fp32"
+    """``fp32``; ``bf16``: the forward passes of the learner, the warm start and the hf engine run
     under bfloat16 autocast (vLLM serves bfloat16 weights) while weights, gradients, optimizer state
-    and the loss stay float32. Needs a CUDA GPU with bf16 or a CPU with AVX512-BF16 or AMX; on any
-    other device the trainer refuses it with a ``ConfigError``."""
+    and the loss stay float32. It needs a CUDA GPU with bf16 or a CPU with AVX512-BF16 or AMX; on any
+    other device the trainer refuses it with a ``ConfigError``. ``auto`` is ``bf16`` where
+    ``policy.device`` has it, else ``fp32``; the trainer prints the choice and the run's
+    ``config.yaml`` records it."""
     cache_dir: str | None = None
     """Where the embedded model and GGUF conversions are cached; None uses ``$AGENT_RL_CACHE/policies``
     (default: the user cache directory)."""

@@ -68,7 +68,8 @@ def test_warm_start_arms_train_their_own_warm_start(tmp_path, monkeypatch):
         calls.append(config)
         run = Path(config.trainer.run_dir)
         run.mkdir(parents=True)
-        (run / "metrics.jsonl").write_text(json.dumps({"iteration": 0, "eval/greedy_success": 0.5, "eval/greedy_invalid_rate": 0.1}) + "\n")
+        (run / "metrics.jsonl").write_text(json.dumps({"iteration": 0, "eval/greedy_success": 0.5, "eval/greedy_invalid_rate": 0.1,
+                                                            "time/elapsed": 100.0, "time/eval": 30.0}) + "\n")
 
     monkeypatch.setattr(training.loop.trainer, "train", fake_train)
     monkeypatch.setattr(bench, "warm_start", lambda seed, args: tmp_path / "shared")
@@ -76,6 +77,7 @@ def test_warm_start_arms_train_their_own_warm_start(tmp_path, monkeypatch):
     own = bench.curve(bench.run_arm("explore-900", 3, args))
     bench.run_arm("previous", 3, args)
     bench.run_arm("shortest-300", 3, args)
+    bench.run_arm("precision-bf16", 3, args)
     assert (calls[0].sft.steps, calls[0].env.kwargs["oracle"], calls[0].sft.mode, calls[0].trainer.seed) == (900, "explore", "auto", 3)
     assert (calls[0].sft.episodes, calls[0].sft.lr_schedule, calls[0].sft.batch_size, calls[0].sft.perturb) == (400, "constant", 16, 0.0)
     assert calls[0].policy.name_or_path == "embedded"
@@ -84,10 +86,13 @@ def test_warm_start_arms_train_their_own_warm_start(tmp_path, monkeypatch):
     before = calls[2].sft
     assert (before.steps, before.episodes, before.lr_schedule, before.batch_size) == (300, 400, "constant", 16)
     assert calls[2].env.kwargs["oracle"] == "shortest"
-    assert own == {**own, "iteration": [0], "greedy_success": [0.5], "seconds_per_iteration": None}
-    summary = bench.summarize({"a": {0: own, 1: own}, "b": {0: own, 1: {**own, "greedy_success": [0.75]}}}, [0, 1])
+    # The main job's own warm start, under bf16 autocast.
+    assert (calls[3].policy.precision, calls[3].sft.steps, calls[3].sft.mode) == ("bf16", 1200, "auto")
+    assert own == {**own, "iteration": [0], "greedy_success": [0.5], "seconds_per_iteration": None, "warm_start_s": 70.0}
+    summary = bench.summarize({"a": {0: own, 1: own}, "b": {0: own, 1: {**own, "greedy_success": [0.75], "warm_start_s": 50.0}}}, [0, 1])
     assert summary["b"]["paired_vs_a"]["per_seed_final"] == pytest.approx([0.0, 0.25])
     assert summary["b"]["auc_greedy_success"]["mean"] == pytest.approx(0.625)
+    assert (summary["a"]["warm_start_s"]["mean"], summary["b"]["warm_start_s"]["mean"]) == (70.0, 60.0)
 
 
 @pytest.mark.parametrize("choice, sft_steps, oracle", [("default", 1200, "explore"), ("before", 300, "shortest")])

@@ -106,6 +106,30 @@ def test_bf16_is_refused_where_the_device_cannot_run_it(monkeypatch, tmp_path):
     assert distributed.PRECISIONS == ("fp32", "bf16")
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_precision_is_bf16_where_the_device_runs_it_and_the_run_records_the_choice(monkeypatch, tmp_path, native):
+    import io
+
+    import yaml
+    from rich.console import Console
+
+    from training.infra.resolution import resolve
+    from training.loop.trainer import Trainer
+    from training.serving.envpool import env_factory
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    config = load_config(overrides=["policy.precision=auto", "policy.device=cpu", f"trainer.run_dir={tmp_path}", "engine=hf",
+                                    "sft.mode=none", "logging.tensorboard=false"])
+    console = Console(file=io.StringIO(), width=200)
+    trainer = Trainer(config, model=tiny_llama(), tokenizer=_Tokenizer(), make_env=env_factory(config), console=console)
+    chosen = "bf16" if native else "fp32"
+    assert trainer.config.policy.precision == chosen and config.policy.precision == "auto"
+    assert f"policy.precision=auto chose {chosen}: cpu" in console.file.getvalue()
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["policy"]["precision"] == chosen
+    assert resolve(trainer.config) == trainer.config  # a resolved choice stays made
+
+
 def test_an_unknown_precision_is_a_config_error():
     with pytest.raises(ConfigError, match="policy.precision"):
         load_config(overrides=["policy.precision=fp16"])

@@ -1,7 +1,8 @@
 """The choices a config leaves open, made once for every consumer (:func:`resolve`): the engine,
-the environment's anchor key, the warm start's mode and the algorithm preset's parts. Making them
-looks at the machine (does vLLM import?) and builds an environment, so it lives here, above the
-config (``agent_rl.config``), which only describes and checks values."""
+the precision, the environment's anchor key, the warm start's mode and the algorithm preset's
+parts. Making them looks at the machine (does vLLM import? does the device run bf16?) and builds an
+environment, so it lives here, above the config (``agent_rl.config``), which only describes and
+checks values."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any, Callable
 
 import envs
 from agent_rl.config import Config, ConfigError, EnvConfig, resolve_algorithm, validate
+from training.infra.distributed import bf16_supported, resolve_device
 
 
 def vllm_available() -> bool:
@@ -60,6 +62,7 @@ def resolve(config: Config, make_env: Callable[[], Any] | None = None) -> Config
     """A copy of ``config`` with every open choice made, once for every consumer:
 
     - ``engine.kind``: ``auto`` is ``vllm`` when it imports, else ``hf``;
+    - ``policy.precision``: ``auto`` is ``bf16`` where ``policy.device`` runs it natively, else ``fp32``;
     - ``env.anchor_key``: None is the environment's registered default (after ``env.imports``);
     - ``sft.mode``: ``auto`` is ``envs.auto_sft_mode`` of one environment from ``make_env`` (the
       trainer's environment factory, which takes it back when it has a ``keep(env)`` method) or,
@@ -72,6 +75,8 @@ def resolve(config: Config, make_env: Callable[[], Any] | None = None) -> Config
     resolved = copy.deepcopy(config)
     if resolved.engine.kind == "auto":
         resolved.engine.kind = "vllm" if vllm_available() else "hf"
+    if resolved.policy.precision == "auto":
+        resolved.policy.precision = "bf16" if bf16_supported(resolve_device(resolved.policy.device)) else "fp32"
     if resolved.env.anchor_key is None:
         envs.import_modules(resolved.env.imports)
         resolved.env.anchor_key = default_anchor_key(resolved.env.id)

@@ -111,6 +111,9 @@ class Trainer:
         if cfg.trainer.torch_threads:
             torch.set_num_threads(cfg.trainer.torch_threads)
         device = next(model.parameters()).device
+        if config.policy.precision == "auto":
+            native = "runs" if cfg.policy.precision == "bf16" else "has no native"
+            self.console.print(f"policy.precision=auto chose {cfg.policy.precision}: {device} {native} bfloat16 matrix products")
         try:
             check_precision(cfg.policy.precision, device)
         except ValueError as exc:
