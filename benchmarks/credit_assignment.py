@@ -148,7 +148,7 @@ QUICK_GRID = (
          "env.kwargs={n_rooms: 2, n_locked_doors: 0, dead_ends: 0, extra_edges: 0, n_distractors: 0, max_steps: 4}",
          "rollout.n_groups=2", "rollout.group_size=2", "rollout.max_turns=3", "rollout.history_turns=0",
          "rollout.max_new_tokens=8", "sft.mode=oracle", "sft.steps=2", "sft.episodes=2", "sft.batch_size=4",
-         "optim.minibatch_size=2", "trainer.iterations=2", "trainer.eval_every=1", "trainer.eval_episodes=2",
+         "optim.minibatch_size=4", "optim.epochs=1", "trainer.iterations=2", "trainer.eval_every=1", "trainer.eval_episodes=2",
          "optim.micro_batch_size=8"),
         ("trajectory", "gigpo-state", "graph-state"),
     ),

@@ -1,5 +1,6 @@
-"""Run under ``torchrun --nproc_per_node 2``: rank 0 broadcasts one fixed minibatch, every rank
-backpropagates its shard of the rows, gradients are summed, and rank 0 saves them (safetensors)."""
+"""Run under ``torchrun --nproc_per_node 2``: rank 0 broadcasts one fixed minibatch; for each loss
+named, every rank backpropagates its shard of the rows, gradients are summed, and rank 0 saves them
+(safetensors, ``<out_dir>/<loss>.safetensors``)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def gradients(model, prompts, responses, old_logprobs, advantages, loss, shard=(
     )
 
 
-def main(out_path: str, loss: str) -> None:
+def main(out_dir: str, losses: list[str]) -> None:
     torch.manual_seed(0)
     model, tokenizer = load_policy("embedded")
     ctx = init_distributed(torch.device("cpu"))
@@ -41,12 +42,13 @@ def main(out_path: str, loss: str) -> None:
     responses = broadcast_ragged(batch[1], torch.int64, ctx)
     old_logprobs = broadcast_ragged(batch[2], torch.float32, ctx)
     (advantages,) = broadcast_ragged([batch[3]], torch.float64, ctx)
-    gradients(model, prompts, responses, old_logprobs, advantages, loss, shard=(ctx.rank, ctx.world_size))
-    all_reduce_gradients(list(model.parameters()), ctx)
-    if ctx.is_main:
-        save_file({name: p.grad.contiguous() for name, p in model.named_parameters()}, out_path)
+    for loss in losses:
+        gradients(model, prompts, responses, old_logprobs, advantages, loss, shard=(ctx.rank, ctx.world_size))
+        all_reduce_gradients(list(model.parameters()), ctx)
+        if ctx.is_main:
+            save_file({name: p.grad.contiguous() for name, p in model.named_parameters()}, f"{out_dir}/{loss}.safetensors")
     torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2:])

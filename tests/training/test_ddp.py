@@ -22,18 +22,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("loss", ["grpo", "dapo", "drgrpo"])
-@pytest.mark.slow
-def test_two_process_gradient_equals_single_process_gradient(tmp_path, loss):
-    out = tmp_path / "grad.safetensors"
+LOSSES = ("grpo", "dapo", "drgrpo")
+
+
+@pytest.fixture(scope="module")
+def two_process_gradients(tmp_path_factory) -> Path:
+    """One 2-process launch computes every loss's summed gradients (a launch costs more than a loss)."""
+    out = tmp_path_factory.mktemp("ddp_gradients")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-        "--master_port", str(_free_port()), str(Path(__file__).parent / "ddp_worker.py"), str(out), loss,
+        "--master_port", str(_free_port()), str(Path(__file__).parent / "ddp_worker.py"), str(out), *LOSSES,
     ]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    distributed = load_file(out)
+    return out
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+@pytest.mark.slow
+def test_two_process_gradient_equals_single_process_gradient(two_process_gradients, loss):
+    distributed = load_file(two_process_gradients / f"{loss}.safetensors")
 
     torch.manual_seed(0)
     model, _ = load_policy("embedded")

@@ -36,7 +36,7 @@ def tiny_overrides(run_dir: Path, *extra: str) -> list[str]:
         "trainer.eval_episodes=2", "trainer.eval_sampled=false", "trainer.target_success=null",
         "rollout.n_groups=2", "rollout.group_size=2", "rollout.max_turns=3", "rollout.history_turns=1",
         "rollout.max_new_tokens=8", "sft.steps=2", "sft.episodes=2", "sft.batch_size=4",
-        "optim.micro_batch_size=4", "optim.minibatch_size=2", "rollout.min_batch_rows=0", "logging.console=false",
+        "optim.micro_batch_size=4", "optim.minibatch_size=4", "rollout.min_batch_rows=0", "logging.console=false",
         "algo.kl_coef=0", *extra,
     ]
 
@@ -190,21 +190,32 @@ def test_a_corrupt_last_checkpoint_names_the_intact_ones_and_resumes_from_the_ch
     assert checkpoint.intact_checkpoints(run_dir)["best"] <= 2
 
 
+def run_requeued_job(run_dir: Path, **env: str) -> subprocess.CompletedProcess:
+    """What a requeued job runs each time: the same command with --resume auto, on the interrupting Maze."""
+    overrides = tiny_overrides(run_dir, "trainer.iterations=3", "trainer.eval_every=1", "env.id=usertest/InterruptedMaze-v0")
+    command = [sys.executable, "-m", "agent_rl.cli", "train", "--import", "interrupting_env", "--resume", "auto", *overrides]
+    env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **env}
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_requeued_job(tmp_path_factory) -> Path:
+    """The requeued job run once without a signal (shared): what every stopped and resumed run must match."""
+    run_dir = tmp_path_factory.mktemp("requeued") / "straight"
+    run = run_requeued_job(run_dir)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run_dir
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signal_name, status", [("SIGINT", 130), ("SIGTERM", 143)])
-def test_a_signal_stops_the_run_with_how_to_go_on_and_resume_auto_finishes_it_exactly(tmp_path, signal_name, status):
-    """A requeued job: the same command with --resume auto, stopped by a signal inside an
-    iteration (the 13th environment reset, in the rollout of iteration 2), then run again."""
-    env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-
-    def command(run_dir: Path) -> list[str]:
-        overrides = tiny_overrides(run_dir, "trainer.iterations=3", "trainer.eval_every=1", "env.id=usertest/InterruptedMaze-v0")
-        return [sys.executable, "-m", "agent_rl.cli", "train", "--import", "interrupting_env", "--resume", "auto", *overrides]
-
-    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    assert subprocess.run(command(straight), env=env, capture_output=True, text=True, timeout=300).returncode == 0
-    first = subprocess.run(command(stopped), env={**env, "AGENT_RL_TEST_SIGNAL": f"{signal_name}:13"},
-                           capture_output=True, text=True, timeout=300)
+def test_a_signal_stops_the_run_with_how_to_go_on_and_resume_auto_finishes_it_exactly(
+    tmp_path, uninterrupted_requeued_job, signal_name, status
+):
+    """A requeued job stopped by a signal inside an iteration (the 13th environment reset, in the
+    rollout of iteration 2), then run again."""
+    stopped = tmp_path / "stopped"
+    first = run_requeued_job(stopped, AGENT_RL_TEST_SIGNAL=f"{signal_name}:13")
     assert first.returncode == status, first.stderr[-2000:]
     assert "Traceback" not in first.stderr
     assert first.stderr.strip().splitlines()[-1] == (
@@ -212,9 +223,9 @@ def test_a_signal_stops_the_run_with_how_to_go_on_and_resume_auto_finishes_it_ex
         f"continue with: agent-rl train --resume {stopped}"
     )
     assert [r["iteration"] for r in read_metrics(stopped)] == [0, 1]
-    second = subprocess.run(command(stopped), env=env, capture_output=True, text=True, timeout=300)
+    second = run_requeued_job(stopped)
     assert second.returncode == 0, second.stderr[-2000:]
-    assert_same_metrics(stopped, straight)
+    assert_same_metrics(stopped, uninterrupted_requeued_job)
 
 
 @pytest.mark.slow
