@@ -205,9 +205,10 @@ def train_smollm2(args: argparse.Namespace, arms: list[str], peaks: dict[str, fl
     from training.infra import checkpoint
     from training.models.policy import load_policy
 
+    recipe_overrides = [*MEASURED_WITH, *args.overrides]
     for precision in ("fp32", "bf16"):
         console.print(f"warm start ({precision})")
-        run_train([*MEASURED_WITH, *args.overrides, "engine=hf", f"policy.precision={precision}", "trainer.iterations=0",
+        run_train([*recipe_overrides, "engine=hf", f"policy.precision={precision}", "trainer.iterations=0",
                    "trainer.eval_first=false"], args.out / "sft" / precision, console)
     start_model = checkpoint.find_checkpoint(args.out / "sft" / "fp32", "sft").model_dir
     model, tokenizer = load_policy(str(start_model))
@@ -217,14 +218,14 @@ def train_smollm2(args: argparse.Namespace, arms: list[str], peaks: dict[str, fl
     del model
     for arm in arms:
         console.print(f"arm {arm}")
-        run_train([*MEASURED_WITH, *args.overrides, *ARMS[arm], f"policy={start_model}", "sft.mode=none", "trainer.eval_first=false",
+        run_train([*recipe_overrides, *ARMS[arm], f"policy={start_model}", "sft.mode=none", "trainer.eval_first=false",
                    f"trainer.iterations={args.iterations}", f"trainer.eval_every={args.iterations}",
                    f"trainer.eval_episodes={args.eval_episodes}", f"trainer.save_every={args.iterations}"],
                   args.out / "runs" / arm, console)
         shutil.rmtree(args.out / "runs" / arm / "checkpoints", ignore_errors=True)  # 0.5 GB each
     for precision in ("fp32", "bf16"):
         shutil.rmtree(args.out / "sft" / precision / "checkpoints", ignore_errors=True)
-    return {"machine": machine_info(), "recipe": RECIPE, "overrides": [*MEASURED_WITH, *args.overrides], "arm_order": arms,
+    return {"machine": machine_info(), "recipe": RECIPE, "overrides": recipe_overrides, "arm_order": arms,
             "eval_episodes": args.eval_episodes, "matmul_peak_flops_per_s": peaks,
             "non_embedding_parameters": non_embedding, "parity": parity_result}
 
