@@ -14,7 +14,7 @@ Conventions (DESIGN "Advantages"):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -204,6 +204,44 @@ def _normalize_within(values: np.ndarray, codes: np.ndarray, n_groups: int, norm
     return centered
 
 
+def group_return_spread(returns: np.ndarray, group_ids: np.ndarray, traj_ids: np.ndarray) -> np.ndarray:
+    """Per group (indexed by the dense codes of ``group_ids``), the unbiased std of its trajectories' returns, each trajectory counted once; 0 for a group of one.
+    ``returns`` holds each row's trajectory return. A group at 0 gives trajectory-level credit no
+    signal: every member did equally well."""
+    returns = _float_column("returns", returns)
+    n = len(returns)
+    group_code, n_groups = dense_ids(_id_column("group_ids", group_ids, n))
+    traj_code, n_traj = dense_ids(_id_column("traj_ids", traj_ids, n))
+    representative = np.empty(n_traj, dtype=np.intp)
+    representative[traj_code] = np.arange(n)
+    return _member_stats(returns[representative], group_code[representative], n_groups)[3]
+
+
+def kept_groups(spread: np.ndarray, keep: float) -> np.ndarray:
+    """Which groups the variance filter keeps (RAGEN's SNR-aware filter): with ``keep`` 1, every
+    group; below 1, the ``ceil(keep * groups)`` groups with the largest return ``spread``
+    (:func:`group_return_spread`; ties go to the earlier group), never one whose spread is 0."""
+    if not 0.0 < keep <= 1.0:
+        raise ValueError(f"keep must be in (0, 1], got {keep}")
+    if keep == 1.0:
+        return np.ones(len(spread), dtype=bool)
+    rank = np.empty(len(spread), dtype=np.int64)
+    rank[np.argsort(-spread, kind="stable")] = np.arange(len(spread))
+    return (rank < np.ceil(keep * len(spread) - 1e-9)) & (spread > 0)
+
+
+def turn_position_mass(advantages: np.ndarray, t: np.ndarray, traj_ids: np.ndarray, bins: int = 3) -> np.ndarray:
+    """The share of ``sum |advantage|`` that falls on each of ``bins`` equal parts of a trajectory's
+    turns (bin ``floor(bins * t / length)``): where in an episode the update's signal lies. Zeros
+    when every advantage is 0."""
+    traj_code, _ = dense_ids(traj_ids)
+    lengths = np.bincount(traj_code)[traj_code]
+    position = np.minimum(bins * np.asarray(t) // lengths, bins - 1)
+    mass = np.bincount(position, weights=np.abs(advantages), minlength=bins)
+    total = mass.sum()
+    return mass / total if total > 0 else mass
+
+
 # ---- graph credit ------------------------------------------------------------------------------------
 
 
@@ -358,6 +396,18 @@ class Credit:
     """The groups' state graphs and each step's progress in them, with ``algo.step_credit="graph"``."""
     step_credit: str = "none"
     """The step-level credit that was computed (``algo.step_credit``)."""
+    group_spread: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """Per group, the std of its trajectory returns (:func:`group_return_spread`)."""
+    kept: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    """Per group, whether the variance filter kept it (``algo.keep_groups``, :func:`kept_groups`);
+    the rows of a group it dropped have advantage 0."""
+    position_mass: np.ndarray = field(default_factory=lambda: np.zeros(3))
+    """The share of the advantages' absolute mass on the first, middle and last third of the
+    trajectories' turns (:func:`turn_position_mass`)."""
+
+    def filtered_out(self) -> bool:
+        """Whether the variance filter dropped every group of a batch that had some."""
+        return len(self.kept) > 0 and not self.kept.any()
 
     def blind_step_credit(self) -> str | None:
         """Why step credit reached no row of this batch, or None when it reached some: no anchor state
@@ -372,6 +422,11 @@ class Credit:
     def metrics(self) -> dict[str, float]:
         """Scalars for the run log."""
         metrics = {
+            # What limits learning: groups whose members all did equally well give episode credit no
+            # signal; the filter's share; where in the episodes the signal lies.
+            "credit/zero_variance_groups": float(np.mean(self.group_spread == 0)) if len(self.group_spread) else 0.0,
+            "credit/kept_groups": float(np.mean(self.kept)) if len(self.kept) else 0.0,
+            **{f"advantage/mass_{part}": float(share) for part, share in zip(("early", "middle", "late"), self.position_mass)},
             "advantage/abs_mean": float(np.abs(self.advantages).mean()) if len(self.advantages) else 0.0,
             # Positive: the batch pushes up, on balance, what it sampled; negative: away from it.
             "advantage/sum": float(self.advantages.sum()),
@@ -413,6 +468,8 @@ def compute_advantages(batch: StepBatch, algo: AlgorithmConfig) -> Credit:
     scale it up. Negative advantages are then multiplied by ``algo.negative_weight``, and with
     ``algo.row_weight="trajectory"`` every row's advantage is scaled by
     :func:`trajectory_weights`, so each trajectory weighs the same in the loss whatever its length.
+    Last, with ``algo.keep_groups`` below 1 the rows of the groups the variance filter drops
+    (:func:`kept_groups`) get 0.
     Anchor groups are built once; their statistics are reported with or without step credit.
     ``batch.anchor_key`` must be set when step credit is on.
     """
@@ -447,7 +504,12 @@ def compute_advantages(batch: StepBatch, algo: AlgorithmConfig) -> Credit:
     advantages = np.where(advantages < 0, algo.negative_weight * advantages, advantages)
     if algo.row_weight == "trajectory" and n:
         advantages = advantages * trajectory_weights(traj_code)
-    return Credit(advantages, episode, step, step_groups, group_stats_, graph, algo.step_credit)
+    spread = group_return_spread(episode_return, batch.group_id, batch.traj_id) if n else np.zeros(0)
+    kept = kept_groups(spread, algo.keep_groups)
+    if n:
+        advantages = np.where(kept[dense_ids(batch.group_id)[0]], advantages, 0.0)
+    position_mass = turn_position_mass(advantages, batch.t, batch.traj_id) if n else np.zeros(3)
+    return Credit(advantages, episode, step, step_groups, group_stats_, graph, algo.step_credit, spread, kept, position_mass)
 
 
 def trajectory_weights(traj_code: np.ndarray) -> np.ndarray:

@@ -6,6 +6,10 @@ written the way a user writes one (no ``envs.TextEnv`` base class), registered u
 - ``lift/Bandit-v0``: a one-step contextual bandit. The observation names one of 8 signs; each sign
   opens one of 4 doors by a fixed table that nothing in the text reveals, so the answer cannot be
   copied: it must be learned from rewards. Random play wins 1/4.
+- ``lift/Combination-v0``: four steps, one reward at the end. A lock has four dials; each dial
+  shows a symbol, and a table that nothing in the text reveals says whether that symbol's dial turns
+  up or down. The lock opens (reward 1) only when all four turns were right, and says nothing before
+  that. Random play wins 1/16; a policy that reads each dial's symbol wins every time.
 
     agent-rl train env.id=benchmarks.lift_envs:lift/Bandit-v0
 """
@@ -55,5 +59,45 @@ class Bandit(gym.Env):
         return observation, float(won), True, False, {"won": won, "action_valid": valid, "admissible_actions": list(DOORS)}
 
 
+SYMBOLS = ("circle", "square", "star", "wave")
+TURN_OF_SYMBOL = dict(zip(SYMBOLS, ("up", "down", "down", "up")))
+"""The hidden table of ``lift/Combination-v0``."""
+DIALS = 4
+
+
+class Combination(gym.Env):
+    """Turn each of four dials up or down as its symbol demands; the lock opens only when all four
+    are right. An invalid action leaves the dial as it is and says so; 12 turns end the episode."""
+
+    observation_space = action_space = gym.spaces.Text(96, charset=string.printable)
+    turns = ("up", "down")
+    time_limit = 12
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.symbols = [SYMBOLS[int(i)] for i in self.np_random.integers(len(SYMBOLS), size=DIALS)]
+        self.dial = self.elapsed = 0
+        self.all_right = True
+        info = {"task": "Open the lock: turn each dial up or down.", "admissible_actions": list(self.turns)}
+        return self._shows(), info
+
+    def _shows(self) -> str:
+        return f"Dial {self.dial + 1} of {DIALS} shows {self.symbols[self.dial]}."
+
+    def step(self, action):
+        self.elapsed += 1
+        valid = action in self.turns
+        info = {"action_valid": valid, "admissible_actions": list(self.turns), "won": False}
+        if valid:
+            self.all_right &= action == TURN_OF_SYMBOL[self.symbols[self.dial]]
+            self.dial += 1
+        if self.dial == DIALS:
+            info["won"] = self.all_right
+            return ("The lock opens." if self.all_right else "The lock stays shut."), float(self.all_right), True, False, info
+        observation = self._shows() if valid else f"Turn up or down. {self._shows()}"
+        return observation, 0.0, False, self.elapsed >= self.time_limit, info
+
+
 gym.register("lift/SayTheNumber-v0", entry_point=SayTheNumber)
 gym.register("lift/Bandit-v0", entry_point=Bandit)
+gym.register("lift/Combination-v0", entry_point=Combination)

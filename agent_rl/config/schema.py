@@ -200,6 +200,12 @@ class AlgorithmConfig:
     row's advantage by the batch's mean trajectory length over its own, so every trajectory weighs
     the same. With ``turn``, a group whose failures run longer than its wins pushes, summed over
     rows, away from what it sampled."""
+    keep_groups: float = 1.0
+    """Variance filter (RAGEN): keep this share of each batch's groups, those whose trajectory
+    returns spread the most, and give the rows of the others advantage 0 (they leave the update).
+    A group whose members all did equally well carries no trajectory-level signal; once most groups
+    are such, their step and penalty terms dominate the update. 1 keeps every group; below 1 a group
+    whose returns are all equal is never kept. Must be in (0, 1]."""
     eps: float = 1e-6
     """Added to the std in every normalization."""
     loss_kwargs: dict[str, Any] = field(default_factory=dict)

@@ -49,6 +49,8 @@ def validate(config: Config) -> None:
     _require(algo.eps > 0, "algo.eps", "must be > 0")
     _require(algo.kl_coef is None or algo.kl_coef >= 0, "algo.kl_coef", "must be >= 0")
     _require(algo.invalid_penalty >= 0, "algo.invalid_penalty", "must be >= 0")
+    _require(0 < algo.keep_groups <= 1, "algo.keep_groups",
+             f"must be in (0, 1] (1 keeps every group; 0 would keep none), got {algo.keep_groups}")
     _require(0 <= algo.negative_weight <= 1, "algo.negative_weight", f"must be in [0, 1], got {algo.negative_weight}")
     for name in algo.loss_kwargs:
         _require(name in LOSS_KWARGS, f"algo.loss_kwargs.{name}", f"unknown loss argument; choose from {list(LOSS_KWARGS)}")

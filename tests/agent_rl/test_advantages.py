@@ -15,8 +15,11 @@ from agent_rl.advantages import (
     compute_advantages,
     discounted_returns,
     episode_advantages,
+    group_return_spread,
+    kept_groups,
     step_advantages,
     trajectory_weights,
+    turn_position_mass,
 )
 from agent_rl.batch import StepBatch
 from agent_rl.config import ConfigError, load_config, resolve_algorithm
@@ -481,3 +484,73 @@ def test_trajectory_weighted_drgrpo_advantages_sum_to_zero_over_each_groups_rows
     credit = compute_advantages(StepBatch.for_credit(groups, trajs, rewards), resolved_algo(["algo=drgrpo", "algo.invalid_penalty=0",
                                                                                                    "algo.negative_weight=1"]))
     np.testing.assert_allclose(np.bincount(groups, weights=credit.advantages), 0.0, atol=1e-9)
+
+
+# ---- diagnostics and the variance filter ------------------------------------------------------------
+def test_group_return_spread_by_hand():
+    # Group 0: trajectory returns 1, 0, 0.5 (rows repeat them): mean 0.5, unbiased std 0.5. Group 1:
+    # one trajectory: 0.
+    np.testing.assert_allclose(group_return_spread(RETURNS, GROUPS, TRAJS), [0.5, 0.0])
+    # Groups are indexed by their ids' dense codes, whatever the row order; rows of one trajectory
+    # count once however many there are.
+    order = np.array([6, 4, 0, 2, 5, 1, 3])
+    np.testing.assert_allclose(group_return_spread(RETURNS[order], GROUPS[order], TRAJS[order]), [0.5, 0.0])
+
+
+@pytest.mark.parametrize("keep, expected", [
+    (1.0, [True, True, True, True, True]),  # 1 keeps every group, equal returns too
+    (0.5, [True, False, True, False, False]),  # ceil(2.5) = 3 by spread: 0.9, 0.4, then 0.0 (never kept)
+    (0.4, [True, False, True, False, False]),  # ceil(2.0) = 2
+    (0.2, [True, False, False, False, False]),
+])
+def test_kept_groups_by_hand(keep, expected):
+    spread = np.array([0.9, 0.0, 0.4, 0.0, 0.0])
+    np.testing.assert_array_equal(kept_groups(spread, keep), expected)
+
+
+def test_kept_groups_ties_go_to_the_earlier_group():
+    np.testing.assert_array_equal(kept_groups(np.array([0.5, 0.5, 0.5]), 0.5), [True, True, False])
+
+
+@pytest.mark.parametrize("keep", [0.0, -0.1, 1.5])
+def test_kept_groups_refuses_a_share_outside_the_unit_interval(keep):
+    with pytest.raises(ValueError, match="keep must be in"):
+        kept_groups(np.array([0.5]), keep)
+
+
+@pytest.mark.parametrize("value", ["0", "1.2", "-0.5"])
+def test_keep_groups_outside_the_unit_interval_is_a_config_error(value):
+    with pytest.raises(ConfigError, match="algo.keep_groups"):
+        load_config(overrides=[f"algo.keep_groups={value}"])
+
+
+def test_the_variance_filter_zeroes_the_groups_it_drops():
+    # Group 0: returns 1 and 0 (spread); group 1: both 0 (no spread) with an invalid action, which
+    # the penalty alone would charge.
+    batch = step_batch([0, 0, 1, 1], [0, 1, 2, 3], [1.0, 0.0, 0.0, 0.0], ["a", "a", "b", "b"],
+                       valid=[True, True, False, True])
+    overrides = ["algo=grpo", "algo.row_weight=turn", "algo.negative_weight=1", "algo.invalid_penalty=0.5"]
+    everything = compute_advantages(batch, resolved_algo(overrides))
+    filtered = compute_advantages(batch, resolved_algo([*overrides, "algo.keep_groups=0.5"]))
+    np.testing.assert_allclose(everything.advantages[2:], [-0.5, 0.0])
+    np.testing.assert_allclose(filtered.advantages, [*everything.advantages[:2], 0.0, 0.0])
+    assert not filtered.filtered_out() and not everything.filtered_out()
+    assert filtered.metrics()["credit/kept_groups"] == 0.5 and everything.metrics()["credit/kept_groups"] == 1.0
+    assert filtered.metrics()["credit/zero_variance_groups"] == 0.5
+    # A batch in which no group has spread keeps none.
+    flat = step_batch([0, 0], [0, 1], [0.0, 0.0], ["a", "a"])
+    dropped = compute_advantages(flat, resolved_algo([*overrides, "algo.keep_groups=0.5"]))
+    assert dropped.filtered_out() and not dropped.advantages.any()
+
+
+def test_turn_position_mass_by_hand():
+    # Trajectory 0 has 3 turns (one per third), trajectory 1 has 6 (two per third).
+    advantages = np.array([1.0, -2.0, 1.0, 0.5, 0.5, 0.0, 0.0, 1.0, -1.0])
+    t = np.array([0, 1, 2, 0, 1, 2, 3, 4, 5])
+    trajs = np.array([0, 0, 0, 1, 1, 1, 1, 1, 1])
+    np.testing.assert_allclose(turn_position_mass(advantages, t, trajs), np.array([2.0, 2.0, 3.0]) / 7)
+    np.testing.assert_array_equal(turn_position_mass(np.zeros(3), t[:3], trajs[:3]), [0.0, 0.0, 0.0])
+    credit = compute_advantages(StepBatch.for_credit([0] * 9, trajs, np.zeros(9)), resolved_algo(["algo=grpo"]))
+    metrics = credit.metrics()
+    assert metrics["advantage/mass_early"] == metrics["advantage/mass_late"] == 0.0  # equal returns: no signal
+    assert metrics["credit/zero_variance_groups"] == 1.0

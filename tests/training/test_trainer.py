@@ -72,8 +72,10 @@ def test_short_run_writes_logs_checkpoints_and_config(tmp_path, algo):
     assert reported[0][1]["eval/greedy_success"] == records[0]["eval/greedy_success"]
     assert "eval/greedy_success" in records[0] and "eval/greedy_success" in records[2]
     assert "sft/token_accuracy" in records[0]
-    for key in ("rollout/success_rate", "rollout/invalid_rate", "anchors/grouped_fraction", "time/rollout", "time/update"):
+    for key in ("rollout/success_rate", "rollout/invalid_rate", "anchors/grouped_fraction", "time/rollout", "time/update",
+                "credit/zero_variance_groups", "advantage/mass_early", "advantage/mass_late"):
         assert key in records[1], key
+    assert 0 <= records[1]["credit/zero_variance_groups"] <= 1
     assert load_config(run_dir / "config.yaml").algo.preset == algo
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     assert checkpoint.find_checkpoint(run_dir, "last").iteration == 2
@@ -85,10 +87,10 @@ def test_short_run_writes_logs_checkpoints_and_config(tmp_path, algo):
 def test_a_run_can_leave_the_warm_start_unevaluated(tmp_path):
     run_dir = tmp_path / "run"
     train(load_config(overrides=tiny_overrides(run_dir, "trainer.eval_first=false", "trainer.iterations=1",
-                                               "trainer.eval_every=1")))
+                                               "trainer.eval_every=1", "trainer.eval_sampled=true")))
     first, last = read_metrics(run_dir)
     assert "sft/token_accuracy" in first and not [key for key in first if key.startswith("eval/")]
-    assert "eval/greedy_success" in last
+    assert last["eval/greedy_minus_sampled"] == last["eval/greedy_success"] - last["eval/sampled_success"]
     assert checkpoint.find_checkpoint(run_dir, "best").iteration == 1  # the first evaluation is the best so far
 
 

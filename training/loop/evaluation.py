@@ -73,6 +73,8 @@ def evaluate_heldout(envs: EnvPool | EnvFactory, engine: Engine, tokenizer, conf
         })
         if mode == "greedy":
             wins = wins_of(stats)
+    if trainer.eval_sampled:  # a policy that wins only when it samples has not committed to what works
+        metrics["eval/greedy_minus_sampled"] = metrics["eval/greedy_success"] - metrics["eval/sampled_success"]
     if trainer.target_success is not None and trainer.confirm_episodes > trainer.eval_episodes:
         metrics.update(confirm(lambda seeds: wins_of(play(seeds, greedy=True)), trainer.eval_episodes, wins,
                                trainer.confirm_episodes, trainer.target_success))

@@ -175,6 +175,7 @@ class Trainer:
         cfg = self.config
         metrics: dict[str, float] = {}
         batch = advantages = None
+        why_skipped = "every row has zero advantage"
         if self.dist.is_main:
             with timed(metrics, "time/rollout"):
                 batch, stats = collect_rollouts(self.pool, self.engine, self.tokenizer, cfg.rollout, self.seed_stream,
@@ -191,6 +192,8 @@ class Trainer:
                     self.console.print(f"[yellow]warning[/]: iteration {self.iteration}: {blind}; env.anchor_key="
                                        f"{cfg.env.anchor_key} may never repeat in {cfg.env.id} (see anchors/grouped_fraction)")
                 advantages = credit.advantages
+                why_skipped = ("the variance filter (algo.keep_groups) dropped every group: each group's returns were all equal"
+                               if credit.filtered_out() else "every row has zero advantage")
             else:
                 batch = None
         with timed(metrics, "time/update"):
@@ -198,7 +201,7 @@ class Trainer:
         metrics.update(learned)
         if not learned or learned.get("update/skipped"):  # nothing was learned, nothing to sync
             if learned:
-                self.console.print(f"iteration {self.iteration}: every row has zero advantage; no optimizer step")
+                self.console.print(f"iteration {self.iteration}: {why_skipped}; no optimizer step")
             return metrics
         if self.dist.is_main:
             with timed(metrics, "time/sync"):
