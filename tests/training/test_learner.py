@@ -294,6 +294,31 @@ def test_a_batch_with_no_advantage_takes_no_step(policy):
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), trained.parameters()))
 
 
+@pytest.mark.parametrize("poison", [float("inf"), float("nan")])
+def test_a_step_with_a_non_finite_gradient_is_skipped_and_counted(policy, poison):
+    model, _ = policy
+    prompts, responses, _ = _synthetic_rows(model.config.vocab_size, 4, seed=3)
+    config = resolve(load_config(overrides=["algo.loss=grpo", "algo.kl_coef=0", "engine=hf", "optim.minibatch_size=0",
+                                            "optim.minibatches=1", "optim.epochs=2"]))
+    trained = copy.deepcopy(model)
+    optimizer = torch.optim.AdamW(trained.parameters(), lr=1e-2)
+    learner = Learner(trained, optimizer, config, np.random.default_rng(0))
+    old = [np.zeros(len(r), dtype=np.float32) for r in responses]
+    # One weight's gradient is poisoned: the clipped norm is not finite and AdamW would spread it.
+    hook = next(trained.parameters()).register_hook(lambda grad: grad * poison)
+    with Progress(disable=True) as progress:
+        metrics = learner.optimize(prompts, responses, old, np.array([1.0, -1.0, 0.5, -0.5]), progress)
+    assert metrics["update/nonfinite_steps"] == 2.0 and metrics["update/optimizer_steps"] == 0.0
+    assert metrics["update/skipped"] == 1.0
+    assert learner.steps_taken == 0 and not optimizer.state
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), trained.parameters()))
+    hook.remove()  # the next update is clean again and steps
+    with Progress(disable=True) as progress:
+        metrics = learner.optimize(prompts, responses, old, np.array([1.0, -1.0, 0.5, -0.5]), progress)
+    assert metrics["update/nonfinite_steps"] == 0.0 and metrics["update/optimizer_steps"] == 2.0
+    assert all(torch.isfinite(p).all() for p in trained.parameters())
+
+
 def test_warmup_raises_the_learning_rate_linearly_then_holds_it():
     assert [warmup_lr(step, 1e-3, 4) for step in (1, 2, 4, 5, 100)] == pytest.approx([2.5e-4, 5e-4, 1e-3, 1e-3, 1e-3])
     assert warmup_lr(1, 1e-3, 0) == 1e-3

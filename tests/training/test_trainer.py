@@ -23,7 +23,7 @@ from rich.console import Console
 from agent_rl.config import ConfigError, load_config
 from training.infra import checkpoint
 from training.infra.logger import read_metrics
-from training.loop.trainer import Trainer, train
+from training.loop.trainer import NONFINITE_STOP, NonFiniteUpdates, Trainer, train
 
 TESTS = Path(__file__).resolve().parents[1]  # tests/, which holds user_env_example.py
 # Two rooms, no doors: the goal item lies one move away. Small enough for seconds-long runs.
@@ -342,6 +342,25 @@ def test_the_stopping_rule_lets_the_confirmation_decide(metrics, target, reached
     from training.loop.evaluation import target_reached
 
     assert target_reached(metrics, target) is reached
+
+
+def test_skipped_non_finite_steps_are_reported_and_several_in_a_row_stop_the_run(tmp_path):
+    from types import SimpleNamespace
+
+    console = Console(file=io.StringIO(), width=300)
+    trainer = SimpleNamespace(console=console, run_dir=tmp_path, iteration=3, nonfinite_streak=0)
+
+    def guard(skipped: float, taken: float) -> int:
+        Trainer._guard_nonfinite(trainer, {"update/nonfinite_steps": skipped, "update/optimizer_steps": taken})
+        return trainer.nonfinite_streak
+
+    assert guard(1, 1) == 1  # skipped after the last step taken, at worst
+    assert guard(0, 2) == 0  # a finite step ends the streak
+    assert guard(2, 0) == 2 and guard(NONFINITE_STOP - 3, 0) == NONFINITE_STOP - 1
+    assert "iteration 3: 2 optimizer step(s) skipped: the loss or the gradient norm was not finite" in console.file.getvalue()
+    with pytest.raises(NonFiniteUpdates, match=f"{NONFINITE_STOP} optimizer steps in a row had a non-finite loss or gradient "
+                                               "norm at iteration 3; the run stops \\(no checkpoint was saved yet\\)"):
+        guard(1, 0)
 
 
 def test_unknown_environment_is_a_clear_error(tmp_path):

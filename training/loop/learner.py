@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -416,7 +417,9 @@ class Learner:
         minibatch_size`` (``step_scale``): AdamW moves every weight by about lr whatever the
         gradient's size, so a batch with three learnable trajectories would otherwise move the
         policy as far as one with hundreds. A batch with no learnable row takes no step
-        (``update/skipped``)."""
+        (``update/skipped``). A step whose loss or gradient norm is not finite is not taken: its
+        gradient is dropped and ``update/nonfinite_steps`` counts it, so no NaN reaches a weight or
+        AdamW's moments."""
         optim = self.config.optim
         learnable = learnable_rows(responses, advantages, self.loss_kwargs.get("kl_coef", 0.0) > 0)
         if len(learnable) == 0:
@@ -428,6 +431,7 @@ class Learner:
         parts = minibatch_count(len(units), optim)
         task = progress.add_task("update", total=optim.epochs * parts)
         step_metrics: list[dict[str, float]] = []
+        nonfinite = 0
         params = [p for p in self.model.parameters() if p.requires_grad]
         for _ in range(optim.epochs):
             for chosen in np.array_split(self.shuffle_rng.permutation(len(units)), parts):
@@ -449,14 +453,23 @@ class Learner:
                 all_reduce_gradients(params, self.dist)
                 clip = optim.grad_clip if optim.grad_clip > 0 else float("inf")
                 metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, clip))
+                progress.update(task, advance=1)
+                if not (math.isfinite(metrics["grad_norm"]) and math.isfinite(metrics["loss"])):
+                    # AdamW would spread a NaN or inf into every weight and its own moments: skip the step.
+                    self.optimizer.zero_grad(set_to_none=True)
+                    nonfinite += 1
+                    continue
                 for group in self.optimizer.param_groups:
                     base = group.setdefault("initial_lr", group["lr"])  # the optimizer's own rate, saved with it
                     group["lr"] = warmup_lr(self.steps_taken + 1, base, optim.warmup_steps) * step_scale(len(chosen), optim)
                 metrics["lr"] = self.optimizer.param_groups[0]["lr"]
                 self.optimizer.step()
                 step_metrics.append(metrics)
-                progress.update(task, advance=1)
         progress.remove_task(task)
+        if not step_metrics:
+            return {"update/skipped": 1.0, "update/optimizer_steps": 0.0, "update/nonfinite_steps": float(nonfinite),
+                    "update/learnable_rows": float(len(learnable)), "update/learnable_fraction": len(learnable) / len(prompts),
+                    "update/forwarded_tokens": 0.0}
         # A minibatch whose rows all have zero advantage forwards nothing and reports no loss terms:
         # each metric aggregates over the steps that report it.
         keys = dict.fromkeys(key for m in step_metrics for key in m)
@@ -465,6 +478,7 @@ class Learner:
             if key in combined:
                 combined[key] = float(extreme(m[key] for m in step_metrics if key in m))
         combined["optimizer_steps"] = float(len(step_metrics))
+        combined["nonfinite_steps"] = float(nonfinite)
         combined["skipped"] = 0.0
         combined["learnable_rows"] = float(len(learnable))
         combined["learnable_fraction"] = len(learnable) / len(prompts)  # the share of rows with a gradient

@@ -55,6 +55,14 @@ ROLLOUT_METRICS = {
 """Logged ``rollout/<name>`` metrics and the ``collect_rollouts`` statistic each one reports."""
 
 
+NONFINITE_STOP = 4
+"""Optimizer steps in a row with a non-finite loss or gradient norm that stop a run."""
+
+
+class NonFiniteUpdates(ValueError):
+    """Several optimizer steps in a row had a non-finite loss or gradient norm."""
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -131,6 +139,7 @@ class Trainer:
         self.learner = Learner(model, self.optimizer, cfg, np.random.default_rng([cfg.trainer.seed, 2]), self.dist)
         self.iteration = 0
         self.warned_blind_step_credit = False  # said once per run: it is the environment's nature, not an event
+        self.nonfinite_streak = 0  # optimizer steps skipped for a non-finite loss or gradient since the last one taken
         self.state: dict[str, Any] = {"best_success": -1.0, "best_iteration": -1, "elapsed_s": 0.0, "engine_calls": 0}
         self.started = self._open_run_dir(resume, resume_from)
         if self.dist.is_main:
@@ -199,6 +208,7 @@ class Trainer:
         with timed(metrics, "time/update"):
             learned = self.learner.update(batch, advantages, progress)
         metrics.update(learned)
+        self._guard_nonfinite(learned)
         if not learned or learned.get("update/skipped"):  # nothing was learned, nothing to sync
             if learned:
                 self.console.print(f"iteration {self.iteration}: {why_skipped}; no optimizer step")
@@ -207,6 +217,26 @@ class Trainer:
             with timed(metrics, "time/sync"):
                 self.engine.update_weights(self.model)
         return metrics
+
+    def _guard_nonfinite(self, learned: dict[str, float]) -> None:
+        """Say when the learner skipped steps whose loss or gradient norm was not finite, and stop the
+        run once ``NONFINITE_STOP`` such steps came with no finite step between them: the skipped steps
+        changed no weight, so the last checkpoint holds the last good ones."""
+        skipped = int(learned.get("update/nonfinite_steps", 0))
+        if not skipped:
+            if learned.get("update/optimizer_steps"):
+                self.nonfinite_streak = 0
+            return
+        self.nonfinite_streak = skipped if learned.get("update/optimizer_steps") else self.nonfinite_streak + skipped
+        self.console.print(f"[yellow]warning[/]: iteration {self.iteration}: {skipped} optimizer step(s) skipped: "
+                           "the loss or the gradient norm was not finite")
+        if self.nonfinite_streak >= NONFINITE_STOP:
+            saved = checkpoint.saved_iteration(self.run_dir)
+            go_on = ("no checkpoint was saved yet" if saved is None else
+                     f"the last checkpoint (iteration {saved}) holds the weights before them; continue with: "
+                     f"{checkpoint.resume_command(self.run_dir)}")
+            raise NonFiniteUpdates(f"{self.nonfinite_streak} optimizer steps in a row had a non-finite loss or gradient "
+                                   f"norm at iteration {self.iteration}; the run stops ({go_on})")
 
     def evaluate(self, progress: Progress) -> dict[str, float]:
         """Held-out evaluation (``training.loop.evaluation.evaluate_heldout``), timed."""
