@@ -331,6 +331,11 @@ class TrainerConfig:
     noise of a small evaluation cannot end a run early: the periodic greedy evaluation is extended to
     them, ``eval_episodes`` at a time, while the target is still within reach. At most
     ``eval_episodes`` (0, say) stops on the periodic evaluation alone."""
+    max_failed_share: float = 1.0
+    """Stop the run when at least this share of an iteration's trajectories failed (their environment
+    raised); more than half in two iterations running stops it too. Failed trajectories are left out
+    of the batch either way, and the first error of each kind is printed once. 1 stops only when every
+    trajectory of an iteration failed."""
     save_every: int = 1
     """Write the ``last`` checkpoint every this many iterations (and at the end)."""
     recompute_old_logprobs: bool = False

@@ -97,6 +97,8 @@ def validate(config: Config) -> None:
     _require(trainer.eval_episodes >= 1, "trainer.eval_episodes", "must be >= 1")
     _require(trainer.confirm_episodes >= 0, "trainer.confirm_episodes", "must be >= 0 (0 = no confirmation)")
     _require(trainer.save_every >= 1, "trainer.save_every", "must be >= 1")
+    _require(0 < trainer.max_failed_share <= 1, "trainer.max_failed_share",
+             f"must be in (0, 1] (1 stops when every trajectory failed), got {trainer.max_failed_share}")
     if trainer.target_success is not None:
         _require(0 < trainer.target_success <= 1, "trainer.target_success", "must be in (0, 1] or null")
     if trainer.torch_threads is not None:

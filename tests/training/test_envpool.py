@@ -8,7 +8,7 @@ import pytest
 
 from envs import register_text_env
 from agent_rl.config import RolloutConfig
-from training.serving.envpool import LocalEnvPool, RayEnvPool, RegisteredEnv
+from training.serving.envpool import LocalEnvPool, RayEnvPool, RegisteredEnv, failure_kind
 from training.loop.rollout import collect_rollouts
 
 
@@ -45,6 +45,14 @@ def test_local_pool_isolates_failures_and_rebuilds_environments():
     assert all(r.failure is None and r.observation == "t=1" for r in steps)
     steps = pool.step([0, 2], ["a", "a"])
     assert steps[0].failure is None and "ValueError: step exploded" in steps[1].failure
+    # Each failure names the call and where the environment raised, outside the pool's own frames.
+    reset_line = FlakyEnv.reset.__code__.co_firstlineno + 3
+    step_line = FlakyEnv.step.__code__.co_firstlineno + 3
+    assert first[1].failure == f"RuntimeError: reset exploded for seed 3 (in reset(); at test_envpool.py:{reset_line} in reset)"
+    assert steps[1].failure == f"ValueError: step exploded (in step(); at test_envpool.py:{step_line} in step)"
+    assert failure_kind(first[1].failure) == f"RuntimeError (in reset(); at test_envpool.py:{reset_line} in reset)"
+    seed_5 = pool.reset([1], [5])[0].failure
+    assert seed_5 != first[1].failure and failure_kind(seed_5) == failure_kind(first[1].failure)  # same kind, other values
     # The failed slot gets a fresh environment on its next reset.
     again = pool.reset([1, 2], [6, 6])
     assert all(r.failure is None and r.observation == "start 6" for r in again)

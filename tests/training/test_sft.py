@@ -162,7 +162,8 @@ class _BareTextEnv(gym.Env):
 @pytest.mark.parametrize(
     "mode, message",
     [("oracle", "sft.mode=oracle needs an environment with an oracle\\(\\) method and _BareTextEnv has none"),
-     ("random", "sft.mode=random needs an environment with info\\['admissible_actions'\\]"),
+     ("random", "sft.mode=random needs info\\['admissible_actions'\\] at every turn, and the info "
+                "_BareTextEnv's reset\\(\\) returned for turn 0 has none"),
      ("expert", "SFT mode must be 'random' or 'oracle'")],
 )
 def test_demonstrations_name_what_the_environment_lacks(tokenizer, mode, message):

@@ -359,7 +359,8 @@ def test_skipped_non_finite_steps_are_reported_and_several_in_a_row_stop_the_run
     assert guard(2, 0) == 2 and guard(NONFINITE_STOP - 3, 0) == NONFINITE_STOP - 1
     assert "iteration 3: 2 optimizer step(s) skipped: the loss or the gradient norm was not finite" in console.file.getvalue()
     with pytest.raises(NonFiniteUpdates, match=f"{NONFINITE_STOP} optimizer steps in a row had a non-finite loss or gradient "
-                                               "norm at iteration 3; the run stops \\(no checkpoint was saved yet\\)"):
+                                               "norm at iteration 3; they changed no weight and the run stops "
+                                               "\\(no checkpoint was saved yet\\)"):
         guard(1, 0)
 
 

@@ -318,9 +318,9 @@ def collect_rollouts(
     return batch, stats
 
 
-def episode_stats(episodes: Sequence[Episode], play: PlayStats, seconds: float) -> dict[str, float]:
+def episode_stats(episodes: Sequence[Episode], play: PlayStats, seconds: float) -> dict[str, Any]:
     """Success rate, return, length, invalid-action and overlong rates over the successful episodes,
-    plus failure count and generation throughput."""
+    plus failure count, generation throughput and ``failures``: why each failed episode failed."""
     done = [e for e in episodes if e.failure is None]
     rows = [row for e in done for row in e.rows]
 
@@ -330,6 +330,7 @@ def episode_stats(episodes: Sequence[Episode], play: PlayStats, seconds: float) 
     return {
         "trajectories": float(len(done)),
         "failed_trajectories": float(len(episodes) - len(done)),
+        "failures": [e.failure for e in episodes if e.failure is not None],
         "success_rate": mean([bool(e.rows and e.rows[-1]["won"]) for e in done]),
         "mean_return": mean([e.total_return for e in done]),
         "mean_length": mean([len(e.rows) for e in done]),

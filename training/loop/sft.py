@@ -49,19 +49,22 @@ class Demonstrations:
     """Of those, how many were won (every one for ``oracle``)."""
     admissible: list[list[str] | None] = field(default_factory=list)
     """The admissible actions each prompt listed (None where the environment lists none)."""
+    failures: list[str] = field(default_factory=list)
+    """Why each episode whose environment raised failed (``training.serving.envpool``'s form)."""
 
     def __len__(self) -> int:
         return len(self.prompts)
 
     def split(self, rows: np.ndarray) -> tuple[Demonstrations, Demonstrations]:
-        """``(the pairs at rows, the others)``, each counting the same episodes."""
+        """``(the pairs at rows, the others)``, each counting the same episodes and failures."""
         chosen = np.zeros(len(self), dtype=bool)
         chosen[rows] = True
 
         def part(mask: np.ndarray) -> Demonstrations:
             index = np.flatnonzero(mask)
             return Demonstrations([self.prompts[i] for i in index], [self.responses[i] for i in index], self.episodes,
-                                  self.successes, [self.admissible[i] for i in index] if self.admissible else [])
+                                  self.successes, [self.admissible[i] for i in index] if self.admissible else [],
+                                  self.failures)
 
         return part(chosen), part(~chosen)
 
@@ -95,7 +98,9 @@ class DemonstrationActor:
         admissible = episode.admissible_actions
         if self.mode == "random":
             if not admissible:
-                raise ValueError("sft.mode=random needs an environment with info['admissible_actions']")
+                call = "step()" if episode.history else "reset()"
+                raise ValueError(f"sft.mode=random needs info['admissible_actions'] at every turn, and the info "
+                                 f"{self.pool.env_id}'s {call} returned for turn {len(episode.history)} has none")
             return self._cloned(episode, admissible[int(self.rng.integers(len(admissible)))])
         plan = self.plans[episode.slot]
         if not plan:  # won, or no winning plan is left from here
@@ -149,6 +154,7 @@ def demonstrations_of(episodes: Sequence[Episode]) -> Demonstrations:
     return Demonstrations(
         [row["prompt_ids"].tolist() for row in cloned], [row["response_ids"].tolist() for row in cloned],
         len(episodes), sum(bool(e.rows and e.rows[-1]["won"]) for e in played), [row["admissible"] for row in cloned],
+        [e.failure for e in episodes if e.failure is not None],
     )
 
 
@@ -182,7 +188,11 @@ def collect_demonstrations(
         actor = DemonstrationActor(pool, tokenizer, PromptFormat.from_rollout(config), mode=mode, rng=rng, perturb=perturb,
                                    epsilon=epsilon)
         episodes = [episode for seed in seeds for episode in play_episodes(pool, actor, [seed], [0], config, PlayStats())]
-    return demonstrations_of(episodes)
+    demos = demonstrations_of(episodes)
+    if not demos.prompts and demos.failures:
+        raise ValueError(f"no SFT demonstrations were collected: {len(demos.failures)} of {len(episodes)} demonstration "
+                         f"episodes failed in {pool.env_id}; the first error: {demos.failures[0]}")
+    return demos
 
 
 def collect_dagger(envs: EnvPool | EnvFactory, engine: Engine, tokenizer, config: RolloutConfig, *,
@@ -364,6 +374,9 @@ def warm_start(model: torch.nn.Module, tokenizer, make_env: EnvFactory, config: 
     too_long = [len(r) for r in demos.responses if len(r) > limit]
     metrics["sft/overlong_fraction"] = len(too_long) / len(demos)
     if console is not None:
+        if demos.failures:
+            console.print(f"[yellow]warning[/]: {len(demos.failures)} of {demos.episodes} demonstration episodes failed "
+                          f"(their environment raised) and add no pairs; the first error: {demos.failures[0]}")
         reached = f", format accuracy {checks[-1]:.2f}" if checks else ""
         console.print(
             f"SFT ({sft.mode}): {int(metrics['sft/pairs'])} pairs, {int(metrics['sft/steps_taken'])} of {sft.steps} steps, "

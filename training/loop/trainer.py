@@ -35,7 +35,7 @@ from training.infra.distributed import (
     broadcast_flag, broadcast_parameters, check_precision, init_distributed, resolve_device, shutdown_distributed,
 )
 from training.serving.engines import Engine, engine_from_config
-from training.serving.envpool import EnvFactory, env_factory, pool_from_config
+from training.serving.envpool import EnvFactory, env_factory, failure_kind, pool_from_config
 from training.loop.evaluation import evaluate_heldout, target_reached
 from training.loop.learner import Learner
 from training.infra.logger import RunLogger
@@ -61,6 +61,10 @@ NONFINITE_STOP = 4
 
 class NonFiniteUpdates(ValueError):
     """Several optimizer steps in a row had a non-finite loss or gradient norm."""
+
+
+class EnvironmentFailures(ValueError):
+    """Too many of an iteration's trajectories failed because their environment raised."""
 
 
 def seed_everything(seed: int) -> None:
@@ -140,6 +144,8 @@ class Trainer:
         self.iteration = 0
         self.warned_blind_step_credit = False  # said once per run: it is the environment's nature, not an event
         self.nonfinite_streak = 0  # optimizer steps skipped for a non-finite loss or gradient since the last one taken
+        self.env_failure_kinds: set[str] = set()  # environment errors already printed (envpool.failure_kind)
+        self.failing_streak = 0  # iterations running in which more than half of the trajectories failed
         self.state: dict[str, Any] = {"best_success": -1.0, "best_iteration": -1, "elapsed_s": 0.0, "engine_calls": 0}
         self.started = self._open_run_dir(resume, resume_from)
         if self.dist.is_main:
@@ -190,6 +196,7 @@ class Trainer:
                 batch, stats = collect_rollouts(self.pool, self.engine, self.tokenizer, cfg.rollout, self.seed_stream,
                                                 progress=progress)
             metrics.update({f"rollout/{name}": stats[key] for name, key in ROLLOUT_METRICS.items()})
+            self._report_env_failures(stats)
             if len(batch):  # dynamic sampling may keep no group: nothing to learn from this round
                 with timed(metrics, "time/advantage"):
                     batch.anchor_key = anchor_keys(batch, cfg.env.anchor_key, cfg.rollout)
@@ -218,6 +225,35 @@ class Trainer:
                 self.engine.update_weights(self.model)
         return metrics
 
+    def _report_env_failures(self, stats: dict[str, Any]) -> None:
+        """Print the first environment error of each kind once and the iteration's count of failed
+        trajectories; stop the run when ``trainer.max_failed_share`` of them failed, or more than
+        half in two iterations running."""
+        failures = stats["failures"]
+        for failure in failures:
+            if (kind := failure_kind(failure)) not in self.env_failure_kinds:
+                self.env_failure_kinds.add(kind)
+                self.console.print(f"[yellow]environment error[/] in {self.config.env.id}: {failure}")
+        played = len(failures) + int(stats["trajectories"])
+        share = len(failures) / max(played, 1)
+        self.failing_streak = self.failing_streak + 1 if share > 0.5 else 0
+        if not failures:
+            return
+        self.console.print(f"iteration {self.iteration}: {len(failures)} of {played} trajectories failed (their environment "
+                           "raised) and are left out")
+        if share >= self.config.trainer.max_failed_share or self.failing_streak >= 2:
+            why = (f"{len(failures)} of {played} trajectories" if share >= self.config.trainer.max_failed_share else
+                   "more than half of the trajectories in two iterations running, the last")
+            raise EnvironmentFailures(f"{why} failed at iteration {self.iteration} (trainer.max_failed_share="
+                                      f"{self.config.trainer.max_failed_share}); the first error: {failures[0]}; "
+                                      f"the run stops ({self._how_to_go_on()})")
+
+    def _how_to_go_on(self) -> str:
+        """What the last checkpoint holds and the command that continues from it."""
+        saved = checkpoint.saved_iteration(self.run_dir)
+        return ("no checkpoint was saved yet" if saved is None else
+                f"the last checkpoint is iteration {saved}; continue with: {checkpoint.resume_command(self.run_dir)}")
+
     def _guard_nonfinite(self, learned: dict[str, float]) -> None:
         """Say when the learner skipped steps whose loss or gradient norm was not finite, and stop the
         run once ``NONFINITE_STOP`` such steps came with no finite step between them: the skipped steps
@@ -231,12 +267,9 @@ class Trainer:
         self.console.print(f"[yellow]warning[/]: iteration {self.iteration}: {skipped} optimizer step(s) skipped: "
                            "the loss or the gradient norm was not finite")
         if self.nonfinite_streak >= NONFINITE_STOP:
-            saved = checkpoint.saved_iteration(self.run_dir)
-            go_on = ("no checkpoint was saved yet" if saved is None else
-                     f"the last checkpoint (iteration {saved}) holds the weights before them; continue with: "
-                     f"{checkpoint.resume_command(self.run_dir)}")
             raise NonFiniteUpdates(f"{self.nonfinite_streak} optimizer steps in a row had a non-finite loss or gradient "
-                                   f"norm at iteration {self.iteration}; the run stops ({go_on})")
+                                   f"norm at iteration {self.iteration}; they changed no weight and the run stops "
+                                   f"({self._how_to_go_on()})")
 
     def evaluate(self, progress: Progress) -> dict[str, float]:
         """Held-out evaluation (``training.loop.evaluation.evaluate_heldout``), timed."""

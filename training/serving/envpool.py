@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import time
 import traceback
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
@@ -104,8 +105,26 @@ def env_name(env: gym.Env) -> str:
     return env.spec.id if env.spec is not None else type(env.unwrapped).__name__
 
 
-def _failure(exc: BaseException) -> str:
-    return traceback.format_exception_only(type(exc), exc)[-1].strip()
+FAILURE_FRAMES = 2
+"""Traceback frames an environment failure names, innermost last."""
+GYMNASIUM_DIR = str(Path(gym.__file__).parent)
+
+
+def _failure(exc: BaseException, call: str) -> str:
+    """``"ExceptionType: message (in call(); at file.py:12 in fn; ...)"``: what the environment raised,
+    in which call, and the last ``FAILURE_FRAMES`` frames of its traceback outside this module and
+    Gymnasium's wrappers."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if f.filename != __file__ and not f.filename.startswith(GYMNASIUM_DIR)][-FAILURE_FRAMES:]
+    where = "; ".join(f"{Path(f.filename).name}:{f.lineno} in {f.name}" for f in frames)
+    return f"{traceback.format_exception_only(type(exc), exc)[-1].strip()} (in {call}(){'; at ' + where if where else ''})"
+
+
+def failure_kind(failure: str) -> str:
+    """A failure (:func:`_failure`) without its message: the exception type, the call and the frames,
+    so that one error repeated with other values counts as one kind."""
+    head, _, place = failure.rpartition(" (in ")
+    return f"{head.partition(':')[0]} (in {place}"
 
 
 class LocalEnvPool:
@@ -136,7 +155,7 @@ class LocalEnvPool:
                 results.append(EnvResult(observation=observation, info=info))
             except Exception as exc:  # one broken environment must not stop the others
                 self._envs[slot] = None
-                results.append(EnvResult(failure=_failure(exc)))
+                results.append(EnvResult(failure=_failure(exc, "reset")))
         return results
 
     def step(self, slots: Sequence[int], actions: Sequence[str]) -> list[EnvResult]:
@@ -147,7 +166,7 @@ class LocalEnvPool:
                 results.append(EnvResult(observation, float(reward), bool(terminated), bool(truncated), info))
             except Exception as exc:
                 self._envs[slot] = None
-                results.append(EnvResult(failure=_failure(exc)))
+                results.append(EnvResult(failure=_failure(exc, "step")))
         return results
 
     def oracle(self, slots: Sequence[int]) -> list[list[str] | None]:
@@ -247,7 +266,7 @@ class RayEnvPool:
                 # The actor (and its environments) are gone: fail its trajectories, start a new one.
                 self.restarts += 1
                 self._actors[actor] = self._new_actor(self._blocks[actor])
-                answers = [lost(f"environment actor died: {_failure(exc)}")] * len(per_actor[actor])
+                answers = [lost(f"environment actor died: {_failure(exc, method)}")] * len(per_actor[actor])
             for (position, _, _), answer in zip(per_actor[actor], answers):
                 results[position] = answer
         return results

@@ -1,0 +1,43 @@
+"""A user environment that breaks, written as users write envs (plain ``gymnasium.Env``).
+
+Importing this module registers ``faulty/Lever-v0``: pull the lever (``pull``) three times. Its
+``fault`` argument says how it breaks: ``never``; ``always`` (every ``step`` raises); ``sometimes``
+(every fifth ``step`` call of the process raises, whichever instance makes it); ``no_actions_at_2``
+(the info of the step that starts turn 2 lists no admissible actions).
+"""
+
+from __future__ import annotations
+
+import string
+
+import gymnasium as gym
+
+CRASH = "simulator crashed: lost connection to backend"
+
+
+class Lever(gym.Env):
+    observation_space = action_space = gym.spaces.Text(64, charset=string.printable)
+    calls = 0  # step calls in this process, for fault="sometimes"
+
+    def __init__(self, fault: str = "never"):
+        self.fault = fault
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.pulls = self.turn = 0
+        return "A lever.", {"admissible_actions": ["pull", "wait"]}
+
+    def step(self, action):
+        Lever.calls += 1
+        self.turn += 1
+        if self.fault == "always" or (self.fault == "sometimes" and Lever.calls % 5 == 0):
+            raise RuntimeError(CRASH)
+        self.pulls += action == "pull"
+        won = self.pulls == 3
+        info = {"won": won, "action_valid": action in ("pull", "wait"), "admissible_actions": ["pull", "wait"]}
+        if self.fault == "no_actions_at_2" and self.turn == 2:
+            del info["admissible_actions"]
+        return ("Click." if action == "pull" else "Nothing."), float(won), won, False, info
+
+
+gym.register("faulty/Lever-v0", entry_point=Lever)

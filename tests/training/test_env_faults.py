@@ -1,0 +1,107 @@
+"""Faults of a user's environment: the cause is shown, failed trajectories are counted and left out,
+and too many failures stop the run with the resume command (tests/faulty_env_example.py)."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from agent_rl.config import ConfigError, RolloutConfig, load_config
+from training.infra.logger import read_metrics
+from training.loop.sft import collect_demonstrations
+from training.loop.trainer import EnvironmentFailures, train
+from training.models.policy import load_tokenizer, policy_dir
+
+TESTS = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(TESTS))
+import faulty_env_example  # noqa: E402  (registers faulty/Lever-v0)
+
+STEP_LINE = faulty_env_example.Lever.step.__code__.co_firstlineno + 4  # the line that raises
+ERROR = f"RuntimeError: {faulty_env_example.CRASH} (in step(); at faulty_env_example.py:{STEP_LINE} in step)"
+
+
+def overrides(run_dir: Path, fault: str, *extra: str) -> list[str]:
+    return [
+        "env.id=faulty/Lever-v0", f"env.kwargs={{fault: {fault}}}", "engine=hf", f"trainer.run_dir={run_dir}",
+        "trainer.iterations=2", "trainer.eval_every=2", "trainer.eval_episodes=2", "trainer.eval_sampled=false",
+        "trainer.target_success=null", "rollout.n_groups=2", "rollout.group_size=2", "rollout.max_turns=4",
+        "rollout.min_batch_rows=0", "rollout.max_new_tokens=6", "sft.steps=2", "sft.episodes=2", "sft.batch_size=2",
+        "optim.minibatch_size=4", "optim.micro_batch_size=4", "logging.tensorboard=false", *extra,
+    ]
+
+
+def run_cli(run_dir: Path, fault: str, *extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "COLUMNS": "400"}
+    command = [sys.executable, "-m", "agent_rl.cli", "train", "--import", "faulty_env_example",
+               *overrides(run_dir, fault, *extra)]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_an_environment_that_always_raises_stops_the_warm_start_with_its_error(tmp_path):
+    result = run_cli(tmp_path / "run", "always")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"agent-rl: error: no SFT demonstrations were collected: 2 of 2 demonstration episodes failed in "
+        f"faulty/Lever-v0; the first error: {ERROR}")
+
+
+@pytest.mark.slow
+def test_an_iteration_whose_trajectories_all_fail_stops_the_run_with_a_checkpoint_and_the_resume_command(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_cli(run_dir, "always", "sft.mode=none")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"agent-rl: error: 4 of 4 trajectories failed at iteration 1 (trainer.max_failed_share=1.0); the first error: "
+        f"{ERROR}; the run stops (the last checkpoint is iteration 0; continue with: agent-rl train --resume {run_dir})")
+    # The first error of its kind is printed once, though every episode of the evaluation and the rollout raised.
+    assert result.stdout.count("environment error in faulty/Lever-v0") == 1
+    assert f"environment error in faulty/Lever-v0: {ERROR}" in result.stdout
+    assert [r["iteration"] for r in read_metrics(run_dir)] == [0]
+
+
+@pytest.mark.slow
+def test_failures_under_the_limit_are_counted_reported_once_and_the_run_goes_on(tmp_path):
+    run_dir = tmp_path / "run"
+    console = Console(file=io.StringIO(), width=400)
+    faulty_env_example.Lever.calls = 0
+    train(load_config(overrides=overrides(run_dir, "sometimes", "sft.mode=none")), console=console)
+    failed = [r["rollout/failed_trajectories"] for r in read_metrics(run_dir)[1:]]
+    assert len(failed) == 2 and sum(failed) > 0
+    printed = console.file.getvalue()
+    assert printed.count("environment error in faulty/Lever-v0") == 1
+    for iteration, count in enumerate(failed, start=1):
+        assert (f"iteration {iteration}: {int(count)} of 4 trajectories failed" in printed) == (count > 0)
+
+
+@pytest.mark.slow
+def test_a_lower_failed_share_stops_the_run_at_the_first_iteration_that_reaches_it(tmp_path):
+    run_dir = tmp_path / "run"
+    faulty_env_example.Lever.calls = 0  # the same faults as the run above, which went on at the default share
+    with pytest.raises(EnvironmentFailures, match=r"^2 of 4 trajectories failed at iteration 1 \(trainer.max_failed_share="
+                                                  r"0.5\); the first error: RuntimeError: simulator crashed"):
+        train(load_config(overrides=overrides(run_dir, "sometimes", "sft.mode=none", "trainer.max_failed_share=0.5")),
+              console=Console(file=io.StringIO()))
+    assert [r["iteration"] for r in read_metrics(run_dir)] == [0]
+
+
+@pytest.mark.parametrize("value", ["0", "1.5"])
+def test_a_failed_share_outside_the_unit_interval_is_a_config_error(value):
+    with pytest.raises(ConfigError, match="trainer.max_failed_share"):
+        load_config(overrides=[f"trainer.max_failed_share={value}"])
+
+
+def test_a_missing_admissible_action_list_names_the_call_and_the_turn():
+    tokenizer = load_tokenizer(policy_dir("embedded"))
+    make_env = lambda: faulty_env_example.Lever(fault="no_actions_at_2")  # noqa: E731
+    with pytest.raises(ValueError, match=r"sft.mode=random needs info\['admissible_actions'\] at every turn, and the info "
+                                         r"Lever's step\(\) returned for turn 2 has none"):
+        collect_demonstrations(make_env, tokenizer, RolloutConfig(max_turns=4), mode="random", seeds=[0],
+                               rng=np.random.default_rng(0))
