@@ -205,9 +205,10 @@ def _normalize_within(values: np.ndarray, codes: np.ndarray, n_groups: int, norm
 
 
 def group_return_spread(returns: np.ndarray, group_ids: np.ndarray, traj_ids: np.ndarray) -> np.ndarray:
-    """Per group (indexed by the dense codes of ``group_ids``), the unbiased std of its trajectories' returns, each trajectory counted once; 0 for a group of one.
-    ``returns`` holds each row's trajectory return. A group at 0 gives trajectory-level credit no
-    signal: every member did equally well."""
+    """Per group (indexed by the dense codes of ``group_ids``), the unbiased std of its trajectories'
+    returns, each trajectory counted once; 0 for a group of one. ``returns`` holds each row's
+    trajectory return. A group at 0 gives trajectory-level credit no signal: every member did
+    equally well."""
     returns = _float_column("returns", returns)
     n = len(returns)
     group_code, n_groups = dense_ids(_id_column("group_ids", group_ids, n))
