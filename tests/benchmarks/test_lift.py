@@ -14,7 +14,7 @@ import gymnasium as gym
 import pytest
 
 from benchmarks import lift
-from benchmarks.lift_envs import DOOR_OF_SIGN, DOORS
+from benchmarks.lift_envs import DIALS, DOOR_OF_SIGN, DOORS, TURN_OF_SYMBOL
 from envs import check_text_env
 
 
@@ -59,6 +59,34 @@ def test_the_bandit_answer_is_a_table_the_text_never_shows():
         assert reward == 1.0 and terminated and step_info["won"]
     env.reset(seed=0)
     assert env.step("Z")[4]["action_valid"] is False
+
+
+def test_the_combination_pays_only_four_right_turns_and_says_nothing_before():
+    env = gym.make("lift/Combination-v0")
+    check_text_env(env)
+    wins = 0
+    for seed in range(64):
+        observation, info = env.reset(seed=seed)
+        turns, symbols = [], []
+        for dial in range(DIALS):
+            symbol = observation.split()[-1].rstrip(".")
+            symbols.append(symbol)
+            assert observation == f"Dial {dial + 1} of {DIALS} shows {symbol}." and info["admissible_actions"] == ["up", "down"]
+            right = TURN_OF_SYMBOL[symbol]
+            turns.append(right if seed % 2 else ("down" if right == "up" and dial == seed % 8 // 2 else right))
+            observation, reward, terminated, truncated, info = env.step(turns[-1])
+            assert not truncated and terminated == (dial == DIALS - 1) and (reward == 0.0 or dial == DIALS - 1)
+        won = all(turn == TURN_OF_SYMBOL[symbol] for turn, symbol in zip(turns, symbols))
+        assert (reward, info["won"], observation) == (float(won), won, "The lock opens." if won else "The lock stays shut.")
+        wins += won
+    assert 32 <= wins < 64  # odd seeds turn every dial right; even seeds turn one "up" dial wrong when there is one
+    # An invalid turn leaves the dial as it is and says so; 12 turns end the episode.
+    observation, _ = env.reset(seed=0)
+    observation, reward, terminated, truncated, info = env.step("sideways")
+    assert info["action_valid"] is False and observation.startswith("Turn up or down. Dial 1 of 4")
+    for _ in range(11):
+        *_, truncated, info = env.step("sideways")
+    assert truncated and not info["won"]
 
 
 def test_every_case_is_a_valid_config():
