@@ -3,7 +3,8 @@
 Importing this module registers ``faulty/Lever-v0``: pull the lever (``pull``) three times. Its
 ``fault`` argument says how it breaks: ``never``; ``always`` (every ``step`` raises); ``sometimes``
 (every fifth ``step`` call of the process raises, whichever instance makes it); ``no_actions_at_2``
-(the info of the step that starts turn 2 lists no admissible actions).
+(the info of the step that starts turn 2 lists no admissible actions); ``nan_reward`` (the step of
+turn 1 returns a NaN reward); ``number_observation`` (``reset`` returns the observation 7).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ class Lever(gym.Env):
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
         self.pulls = self.turn = 0
-        return "A lever.", {"admissible_actions": ["pull", "wait"]}
+        return (7 if self.fault == "number_observation" else "A lever."), {"admissible_actions": ["pull", "wait"]}
 
     def step(self, action):
         Lever.calls += 1
@@ -37,7 +38,8 @@ class Lever(gym.Env):
         info = {"won": won, "action_valid": action in ("pull", "wait"), "admissible_actions": ["pull", "wait"]}
         if self.fault == "no_actions_at_2" and self.turn == 2:
             del info["admissible_actions"]
-        return ("Click." if action == "pull" else "Nothing."), float(won), won, False, info
+        reward = float("nan") if self.fault == "nan_reward" and self.turn == 2 else float(won)
+        return ("Click." if action == "pull" else "Nothing."), reward, won, False, info
 
 
 gym.register("faulty/Lever-v0", entry_point=Lever)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -105,3 +106,41 @@ def test_a_missing_admissible_action_list_names_the_call_and_the_turn():
                                          r"Lever's step\(\) returned for turn 2 has none"):
         collect_demonstrations(make_env, tokenizer, RolloutConfig(max_turns=4), mode="random", seeds=[0],
                                rng=np.random.default_rng(0))
+
+
+def test_more_than_half_failed_in_two_iterations_running_stops_the_run(tmp_path):
+    from types import SimpleNamespace
+
+    from training.loop.trainer import Trainer
+
+    console = Console(file=io.StringIO(), width=400)
+    config = load_config(overrides=["env.id=faulty/Lever-v0"])
+    trainer = SimpleNamespace(console=console, config=config, run_dir=tmp_path, iteration=1, env_failure_kinds=set(),
+                              failing_streak=0)
+    trainer._how_to_go_on = lambda: Trainer._how_to_go_on(trainer)
+
+    def report(failed: int, played: int) -> int:
+        stats = {"failures": [f"{ERROR}"] * failed, "trajectories": float(played - failed)}
+        Trainer._report_env_failures(trainer, stats)
+        trainer.iteration += 1
+        return trainer.failing_streak
+
+    assert report(5, 8) == 1 and report(4, 8) == 0  # exactly half does not count
+    assert report(5, 8) == 1
+    with pytest.raises(EnvironmentFailures, match=r"^more than half of the trajectories failed in two iterations running "
+                                                  r"\(6 of 8 trajectories failed at iteration 4\); the first error: "):
+        report(6, 8)
+    assert console.file.getvalue().count("environment error in faulty/Lever-v0") == 1
+
+
+@pytest.mark.parametrize("fault, error", [
+    ("nan_reward", "ContractError: step() returned the reward nan, not a finite number, at turn 1 (in step())"),
+    ("number_observation", "ContractError: reset() returned an observation of type int, not str, at turn 0 (in reset())"),
+])
+def test_a_contract_breach_fails_its_trajectory_with_a_message_naming_the_call_and_turn(tmp_path, fault, error):
+    console = Console(file=io.StringIO(), width=400)
+    with pytest.raises(EnvironmentFailures, match=r"^4 of 4 trajectories failed at iteration 1 .*; the first error: "
+                                                  + re.escape(error)):
+        train(load_config(overrides=overrides(tmp_path / "run", fault, "sft.mode=none", "trainer.iterations=1")),
+              console=console)
+    assert f"environment error in faulty/Lever-v0: {error}" in console.file.getvalue()

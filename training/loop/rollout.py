@@ -14,8 +14,10 @@ one row holding the exact prompt/response token ids and engine logprobs.
 Decisions worth knowing:
 - Output with no parsable action (empty text, a missing ``<action>`` tag) is sent as the empty
   command: the environment answers "invalid action" and the row has ``action_valid = False``.
-- A trajectory whose environment raises (in ``reset`` or ``step``) is *failed*: all its rows are
-  dropped from the batch, it is counted in ``stats["failed_trajectories"]``, and the others go on.
+- A trajectory whose environment raises (in ``reset`` or ``step``), or breaks its contract (an
+  observation that is not a string, a reward that is not finite), is *failed*: all its rows are
+  dropped from the batch, it is counted in ``stats["failed_trajectories"]`` and its reason kept in
+  ``stats["failures"]``, and the others go on.
 - ``done`` is True on the last row of every trajectory; ``truncated`` when it ended by the
   environment's time limit or by ``max_turns`` rather than by termination.
 - Overlong shaping (DAPO): a response at the token limit gets ``-overlong_penalty`` added to its
@@ -159,8 +161,9 @@ def play_episodes(
         raise ValueError(f"{len(seeds)} episodes need more than the pool's {pool.n_envs} environments")
     episodes = [Episode(slot, int(seed), int(group)) for slot, (seed, group) in enumerate(zip(seeds, groups))]
     for episode, result in zip(episodes, pool.reset([e.slot for e in episodes], [e.seed for e in episodes])):
-        if result.failure is not None:  # a broken environment fails its own trajectory only
-            _fail(episode, result.failure)
+        failure = result.failure or contract_breach("reset", 0, result)
+        if failure is not None:  # a broken environment fails its own trajectory only
+            _fail(episode, failure)
         else:
             episode.observation, episode.info = result.observation, result.info
             episode.task = str(result.info.get("task", ""))
@@ -190,11 +193,25 @@ def _fail(episode: Episode, failure: str) -> None:
     episode.finished = True
 
 
+def contract_breach(call: str, turn: int, result: EnvResult) -> str | None:
+    """Why ``result`` of ``call`` (``reset`` or ``step``) for ``turn`` breaks the text-environment
+    contract (an observation that is not a string, a reward that is not finite), in the form of an
+    environment failure (``training.serving.envpool``); None when it keeps it."""
+    if not isinstance(result.observation, str):
+        what = f"an observation of type {type(result.observation).__name__}, not str"
+    elif not np.isfinite(result.reward):
+        what = f"the reward {result.reward}, not a finite number"
+    else:
+        return None
+    return f"ContractError: {call}() returned {what}, at turn {turn} (in {call}())"
+
+
 def _record(episode: Episode, move: Move, result: EnvResult, config: RolloutConfig, last_turn: bool) -> None:
     """Append the turn's row: every column of ``agent_rl.batch.ROW_COLUMNS``, and what the rollout
     keeps beside them."""
-    if result.failure is not None:
-        _fail(episode, result.failure)
+    failure = result.failure or contract_breach("step", len(episode.rows), result)
+    if failure is not None:
+        _fail(episode, failure)
         return
     observation, reward, terminated, truncated, info = (
         result.observation, result.reward, result.terminated, result.truncated, result.info

@@ -241,12 +241,12 @@ class Trainer:
             return
         self.console.print(f"iteration {self.iteration}: {len(failures)} of {played} trajectories failed (their environment "
                            "raised) and are left out")
-        if share >= self.config.trainer.max_failed_share or self.failing_streak >= 2:
-            why = (f"{len(failures)} of {played} trajectories" if share >= self.config.trainer.max_failed_share else
-                   "more than half of the trajectories in two iterations running, the last")
-            raise EnvironmentFailures(f"{why} failed at iteration {self.iteration} (trainer.max_failed_share="
-                                      f"{self.config.trainer.max_failed_share}); the first error: {failures[0]}; "
-                                      f"the run stops ({self._how_to_go_on()})")
+        limit = self.config.trainer.max_failed_share
+        if share >= limit or self.failing_streak >= 2:
+            count = f"{len(failures)} of {played} trajectories failed at iteration {self.iteration}"
+            why = (f"{count} (trainer.max_failed_share={limit})" if share >= limit else
+                   f"more than half of the trajectories failed in two iterations running ({count})")
+            raise EnvironmentFailures(f"{why}; the first error: {failures[0]}; the run stops ({self._how_to_go_on()})")
 
     def _how_to_go_on(self) -> str:
         """What the last checkpoint holds and the command that continues from it."""
