@@ -9,6 +9,7 @@ import json
 import os
 import random
 import subprocess
+import string
 import sys
 from pathlib import Path
 
@@ -349,6 +350,7 @@ def test_skipped_non_finite_steps_are_reported_and_several_in_a_row_stop_the_run
 
     console = Console(file=io.StringIO(), width=300)
     trainer = SimpleNamespace(console=console, run_dir=tmp_path, iteration=3, nonfinite_streak=0)
+    trainer._how_to_go_on = lambda: Trainer._how_to_go_on(trainer)
 
     def guard(skipped: float, taken: float) -> int:
         Trainer._guard_nonfinite(trainer, {"update/nonfinite_steps": skipped, "update/optimizer_steps": taken})
@@ -362,6 +364,34 @@ def test_skipped_non_finite_steps_are_reported_and_several_in_a_row_stop_the_run
                                                "norm at iteration 3; they changed no weight and the run stops "
                                                "\\(no checkpoint was saved yet\\)"):
         guard(1, 0)
+
+
+class NeverPays(gym.Env):
+    """Every action is valid and none pays: every group's returns are equal."""
+
+    observation_space = action_space = gym.spaces.Text(32, charset=string.printable)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return "A door.", {"admissible_actions": ["knock", "wait"]}
+
+    def step(self, action):
+        return "Nothing.", 0.0, False, False, {"admissible_actions": ["knock", "wait"], "won": False}
+
+
+gym.register("trainer_test/NeverPays-v0", entry_point=NeverPays)
+
+
+def test_an_iteration_whose_groups_the_variance_filter_all_drops_takes_no_step_and_says_why(tmp_path):
+    console = Console(file=io.StringIO(), width=300)
+    overrides = [o for o in tiny_overrides(tmp_path / "run", "trainer.iterations=1", "algo.keep_groups=0.5",
+                                           "algo.invalid_penalty=0") if not o.startswith("env.kwargs")]
+    train(load_config(overrides=["env.id=trainer_test/NeverPays-v0", *overrides]), console=console)
+    last = read_metrics(tmp_path / "run")[-1]
+    assert last["update/skipped"] == 1.0 and last["credit/kept_groups"] == 0.0
+    assert last["credit/zero_variance_groups"] == 1.0
+    assert ("iteration 1: the variance filter (algo.keep_groups) dropped every group: each group's returns were all "
+            "equal; no optimizer step") in console.file.getvalue()
 
 
 def test_unknown_environment_is_a_clear_error(tmp_path):

@@ -208,8 +208,9 @@ class Trainer:
                     self.console.print(f"[yellow]warning[/]: iteration {self.iteration}: {blind}; env.anchor_key="
                                        f"{cfg.env.anchor_key} may never repeat in {cfg.env.id} (see anchors/grouped_fraction)")
                 advantages = credit.advantages
-                why_skipped = ("the variance filter (algo.keep_groups) dropped every group: each group's returns were all equal"
-                               if credit.filtered_out() else "every row has zero advantage")
+                if credit.filtered_out():
+                    why_skipped = ("the variance filter (algo.keep_groups) dropped every group: each group's returns "
+                                   "were all equal")
             else:
                 batch = None
         with timed(metrics, "time/update"):
@@ -239,8 +240,8 @@ class Trainer:
         self.failing_streak = self.failing_streak + 1 if share > 0.5 else 0
         if not failures:
             return
-        self.console.print(f"iteration {self.iteration}: {len(failures)} of {played} trajectories failed (their environment "
-                           "raised) and are left out")
+        self.console.print(f"iteration {self.iteration}: {len(failures)} of {played} trajectories failed in the environment "
+                           "and are left out")
         limit = self.config.trainer.max_failed_share
         if share >= limit or self.failing_streak >= 2:
             count = f"{len(failures)} of {played} trajectories failed at iteration {self.iteration}"
