@@ -347,6 +347,12 @@ def accumulate_policy_gradient(
 # ---- the update of one iteration -------------------------------------------------------------------------
 
 
+def no_step_metrics(learnable_rows: int, rows: int) -> dict[str, float]:
+    """The metrics of an update that took no optimizer step (``update/skipped``)."""
+    return {"update/skipped": 1.0, "update/optimizer_steps": 0.0, "update/learnable_rows": float(learnable_rows),
+            "update/learnable_fraction": learnable_rows / rows, "update/forwarded_tokens": 0.0}
+
+
 class Learner:
     """Updates ``model`` with ``optimizer`` on the rows of each iteration (``config.optim``, the
     resolved ``config.algo``'s loss). Under several processes (``dist``) rank 0 passes the rows,
@@ -423,8 +429,7 @@ class Learner:
         optim = self.config.optim
         learnable = learnable_rows(responses, advantages, self.loss_kwargs.get("kl_coef", 0.0) > 0)
         if len(learnable) == 0:
-            return {"update/skipped": 1.0, "update/optimizer_steps": 0.0, "update/learnable_rows": 0.0,
-                    "update/learnable_fraction": 0.0, "update/forwarded_tokens": 0.0}
+            return no_step_metrics(0, len(prompts))
         owners = np.arange(len(prompts)) if trajectories is None else np.asarray(trajectories)
         units, unit_of_row = np.unique(owners[learnable], return_inverse=True)
         rows_of_unit = np.split(learnable[np.argsort(unit_of_row, kind="stable")], np.cumsum(np.bincount(unit_of_row))[:-1])
@@ -467,9 +472,7 @@ class Learner:
                 step_metrics.append(metrics)
         progress.remove_task(task)
         if not step_metrics:
-            return {"update/skipped": 1.0, "update/optimizer_steps": 0.0, "update/nonfinite_steps": float(nonfinite),
-                    "update/learnable_rows": float(len(learnable)), "update/learnable_fraction": len(learnable) / len(prompts),
-                    "update/forwarded_tokens": 0.0}
+            return {**no_step_metrics(len(learnable), len(prompts)), "update/nonfinite_steps": float(nonfinite)}
         # A minibatch whose rows all have zero advantage forwards nothing and reports no loss terms:
         # each metric aggregates over the steps that report it.
         keys = dict.fromkeys(key for m in step_metrics for key in m)
