@@ -4,12 +4,16 @@ Importing this module registers ``faulty/Lever-v0``: pull the lever (``pull``) t
 ``fault`` argument says how it breaks: ``never``; ``always`` (every ``step`` raises); ``sometimes``
 (every fifth ``step`` call of the process raises, whichever instance makes it); ``no_actions_at_2``
 (the info of the step that starts turn 2 lists no admissible actions); ``nan_reward`` (the step of
-turn 1 returns a NaN reward); ``number_observation`` (``reset`` returns the observation 7).
+turn 1 returns a NaN reward); ``number_observation`` (``reset`` returns the observation 7);
+``hang_at_2`` (the step of turn 2 sleeps for an hour, as a call to a dead backend would block);
+``spin_at_2`` (the step of turn 2 never returns from a regular expression, which holds the GIL).
 """
 
 from __future__ import annotations
 
+import re
 import string
+import time
 
 import gymnasium as gym
 
@@ -33,6 +37,10 @@ class Lever(gym.Env):
         self.turn += 1
         if self.fault == "always" or (self.fault == "sometimes" and Lever.calls % 5 == 0):
             raise RuntimeError(CRASH)
+        if self.fault == "hang_at_2" and self.turn == 2:
+            time.sleep(3600)
+        if self.fault == "spin_at_2" and self.turn == 2:
+            re.match(r"(a+)+$", "a" * 64 + "b")  # exponential backtracking, in C
         self.pulls += action == "pull"
         won = self.pulls == 3
         info = {"won": won, "action_valid": action in ("pull", "wait"), "admissible_actions": ["pull", "wait"]}

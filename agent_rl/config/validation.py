@@ -37,6 +37,8 @@ def validate(config: Config) -> None:
     if config.env.anchor_key is not None:
         _require(config.env.anchor_key in KEY_KINDS, "env.anchor_key",
                  f"{config.env.anchor_key!r} is not one of {list(KEY_KINDS)} (or null for the environment's default)")
+    _require(config.env.timeout_s is None or config.env.timeout_s > 0, "env.timeout_s",
+             f"must be > 0 seconds, or null for no limit, got {config.env.timeout_s}")
     _require(config.policy.lora_rank >= 0, "policy.lora_rank", "must be >= 0 (0 = full fine-tuning)")
     _require(config.policy.lora_alpha > 0, "policy.lora_alpha", "must be > 0")
     _require(bool(config.policy.lora_target_modules) and all(m.strip() for m in config.policy.lora_target_modules),

@@ -144,3 +144,21 @@ def test_a_contract_breach_fails_its_trajectory_with_a_message_naming_the_call_a
         train(load_config(overrides=overrides(tmp_path / "run", fault, "sft.mode=none", "trainer.iterations=1")),
               console=console)
     assert f"environment error in faulty/Lever-v0: {error}" in console.file.getvalue()
+
+
+@pytest.mark.slow
+def test_a_hung_step_fails_its_trajectory_at_the_time_limit_instead_of_hanging_the_run(tmp_path):
+    error = ("TimeoutError: step() gave no answer within 0.3 s (env.timeout_s); the environment was abandoned and is "
+             "rebuilt on the next reset (in step())")
+    console = Console(file=io.StringIO(), width=400)
+    with pytest.raises(EnvironmentFailures, match=r"^4 of 4 trajectories failed at iteration 1 .*; the first error: "
+                                                  + re.escape(error)):
+        train(load_config(overrides=overrides(tmp_path / "run", "hang_at_2", "sft.mode=none", "trainer.iterations=1",
+                                              "env.timeout_s=0.3")), console=console)
+    assert f"environment error in faulty/Lever-v0: {error}" in console.file.getvalue()
+
+
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_a_time_limit_that_is_not_positive_is_a_config_error(value):
+    with pytest.raises(ConfigError, match=r"config key 'env.timeout_s': must be > 0 seconds, or null for no limit"):
+        load_config(overrides=[f"env.timeout_s={value}"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -183,3 +185,80 @@ def test_the_config_check_the_sft_choice_and_the_probe_build_one_environment():
     factory.keep(CountedEnv())
     copy = pickle.loads(pickle.dumps(factory))
     assert copy == factory and copy._spare == [] and len(factory._spare) == 1
+
+
+@pytest.fixture(scope="module")
+def faulty():
+    """tests/faulty_env_example, loaded from its file: tests/ on the path would shadow the ``envs`` package."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if "faulty_env_example" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("faulty_env_example", Path(__file__).parents[1] / "faulty_env_example.py")
+        module = sys.modules["faulty_env_example"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules["faulty_env_example"]
+
+
+def test_a_step_over_the_time_limit_fails_its_slot_and_the_pool_goes_on(faulty):
+    pool = LocalEnvPool(functools.partial(faulty.Lever, fault="hang_at_2"), 2, timeout_s=0.2)
+    assert all(r.failure is None for r in pool.reset([0, 1], [0, 1]))
+    assert all(r.failure is None for r in pool.step([0, 1], ["pull", "pull"]))  # turn 1 answers
+    assert all(r.failure is None for r in pool.reset([1], [2]))  # slot 1 starts again, at turn 0
+    hung, answered = pool.step([0, 1], ["pull", "pull"])
+    assert hung.failure == ("TimeoutError: step() gave no answer within 0.2 s (env.timeout_s); the environment was "
+                            "abandoned and is rebuilt on the next reset (in step())")
+    assert answered.failure is None and answered.observation == "Click."
+    assert pool.abandoned == 1 and pool._envs[0] is None
+    # The slot gets a new environment, served by a new call thread.
+    again = pool.reset([0], [3])[0]
+    assert again.failure is None and pool.step([0], ["pull"])[0].observation == "Click."
+    pool.close()
+
+
+def test_an_environment_that_raises_timeout_error_itself_is_not_abandoned_for_it():
+    class RaisesTimeout(FlakyEnv):
+        def step(self, action):
+            raise TimeoutError("backend timed out")
+
+    pool = LocalEnvPool(RaisesTimeout, 1, timeout_s=5.0)
+    pool.reset([0], [0])
+    assert pool.step([0], ["a"])[0].failure.startswith("TimeoutError: backend timed out (in step(); at test_envpool.py:")
+    assert pool.abandoned == 0
+    pool.close()
+
+
+@pytest.mark.parametrize("timeout_s", [0, -1.0])
+def test_a_time_limit_must_be_positive(timeout_s):
+    with pytest.raises(ValueError, match="timeout_s must be > 0 seconds or None"):
+        LocalEnvPool(RegisteredEnv("test_pool/Flaky-v0"), 1, timeout_s=timeout_s)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_ray_pool_fails_a_hung_step_and_replaces_an_actor_stuck_holding_the_gil(ray_local, faulty, monkeypatch):
+    import training.serving.envpool as envpool
+
+    monkeypatch.setattr(envpool, "ACTOR_GRACE_S", 2.0)
+    ray_local.cloudpickle.register_pickle_by_value(faulty)  # the actors need not import tests/
+    sleeps, spins = (RayEnvPool(functools.partial(faulty.Lever, fault=fault), 2, n_actors=n_actors, timeout_s=0.5,
+                                num_cpus_per_actor=0.5) for fault, n_actors in (("hang_at_2", 1), ("spin_at_2", 2)))
+    try:
+        for pool in (sleeps, spins):
+            assert all(r.failure is None for r in pool.reset([0, 1], [0, 1]))
+            assert all(r.failure is None for r in pool.step([0, 1], ["pull", "pull"]))
+            assert all(r.failure is None for r in pool.reset([1], [2]))
+        # A sleeping step: the actor's own limit fails its slot; the actor stays.
+        hung, answered = sleeps.step([0, 1], ["pull", "pull"])
+        assert hung.failure.startswith("TimeoutError: step() gave no answer within 0.5 s") and answered.failure is None
+        assert sleeps.restarts == 0
+        # A step stuck in C holding the GIL: the actor cannot answer, so it is killed and replaced.
+        stuck, answered = spins.step([0, 1], ["pull", "pull"])
+        assert stuck.failure == ("TimeoutError: the environment actor gave no answer within 0.5 s per call "
+                                 "(env.timeout_s) and was replaced (in step())")
+        assert answered.failure is None and spins.restarts == 1
+        assert all(r.failure is None for r in spins.reset([0, 1], [3, 4]))
+    finally:
+        sleeps.close()
+        spins.close()

@@ -168,18 +168,20 @@ def collect_demonstrations(
     rng: np.random.Generator,
     perturb: float = 0.0,
     epsilon: float = 0.0,
+    timeout_s: float | None = None,
 ) -> Demonstrations:
     """Play one episode per seed with random admissible or oracle actions (see
     :class:`DemonstrationActor`) in the prompt format of ``config``, and record one (prompt,
     response) pair per cloned turn. Episodes are played one after another, so ``rng`` is drawn in
-    episode order. An episode whose environment raises adds no pairs."""
+    episode order. An episode whose environment raises, or takes more than ``timeout_s`` in one call
+    (a factory's pool; see ``env.timeout_s``), adds no pairs."""
     if mode not in SFT_MODES:
         raise ValueError(f"SFT mode must be 'random' or 'oracle', got {mode!r}")
     if not 0.0 <= perturb < 1.0:
         raise ValueError(f"perturb must be in [0, 1), got {perturb}")
     if not 0.0 <= epsilon <= 1.0:
         raise ValueError(f"epsilon must be in [0, 1], got {epsilon}")
-    with env_pool(envs, 1) as pool:
+    with env_pool(envs, 1, timeout_s=timeout_s) as pool:
         if mode == "oracle" and not pool.has_oracle:
             raise ValueError(
                 f"sft.mode=oracle needs an environment with an oracle() method and {pool.env_id} has none; use "
@@ -196,7 +198,7 @@ def collect_demonstrations(
 
 
 def collect_dagger(envs: EnvPool | EnvFactory, engine: Engine, tokenizer, config: RolloutConfig, *,
-                   seeds: Sequence[int], batch: int) -> Demonstrations:
+                   seeds: Sequence[int], batch: int, timeout_s: float | None = None) -> Demonstrations:
     """Play one greedy episode of ``engine``'s policy per seed, ``batch`` at a time, labelling each
     turn with the oracle's action (:class:`OracleLabeller`). Greedy, because the policy is evaluated
     greedily and a greedy policy's errors repeat: its loops are the states to correct.
@@ -204,7 +206,7 @@ def collect_dagger(envs: EnvPool | EnvFactory, engine: Engine, tokenizer, config
     prompt_format, play = PromptFormat.from_rollout(config), PlayStats()
     policy = PolicyActor(engine, tokenizer, prompt_format, sampling_params(config, greedy=True), play)
     episodes: list[Episode] = []
-    with env_pool(envs, min(batch, len(seeds))) as pool:
+    with env_pool(envs, min(batch, len(seeds)), timeout_s=timeout_s) as pool:
         if not pool.has_oracle:
             raise ValueError(f"sft.dagger_episodes needs an environment with an oracle() method and {pool.env_id} has none")
         actor = OracleLabeller(policy, pool, tokenizer, prompt_format)
@@ -335,7 +337,7 @@ def warm_start(model: torch.nn.Module, tokenizer, make_env: EnvFactory, config: 
     used: set[int] = set()
     demos = collect_demonstrations(
         make_env, tokenizer, config.rollout, mode=sft.mode, seeds=draw_seeds(rng, sft.episodes, used), rng=rng,
-        perturb=sft.perturb, epsilon=sft.epsilon,
+        perturb=sft.perturb, epsilon=sft.epsilon, timeout_s=config.env.timeout_s,
     )
     checks: list[float] = []
     probes = None
@@ -362,7 +364,7 @@ def warm_start(model: torch.nn.Module, tokenizer, make_env: EnvFactory, config: 
         def collect() -> Demonstrations:
             engine.update_weights(model)
             return collect_dagger(make_env, engine, tokenizer, config.rollout, seeds=draw_seeds(rng, sft.dagger_episodes, used),
-                                  batch=config.rollout.n_groups * config.rollout.group_size)
+                                  batch=config.rollout.n_groups * config.rollout.group_size, timeout_s=config.env.timeout_s)
 
         dagger = (int(sft.steps * (1.0 - sft.dagger_fraction)), collect)
     metrics = train_supervised(model, demos, steps=sft.steps, lr=sft.lr, batch_size=sft.batch_size, rng=rng,

@@ -9,13 +9,23 @@ environment does not scale to hundreds of workers).
 An environment that raises, or an actor that dies, never takes the rollout down: that slot returns
 an :class:`EnvResult` with ``failure`` set, and the collector records the trajectory as failed. A
 dead actor is replaced by a fresh one, whose environments are rebuilt on their next reset.
+
+A call that hangs fails the same way once it passes the pool's time limit (``env.timeout_s``). A
+running Python call cannot be interrupted, so with a limit set the calls run on a daemon thread: the
+pool stops waiting for one over the limit, abandons its thread and its environment (rebuilt on the
+slot's next reset) and goes on with a new thread. An actor that stops answering altogether (a call
+stuck in native code that holds the GIL) is killed and replaced.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import queue
+import threading
 import time
 import traceback
+from concurrent import futures
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
@@ -107,15 +117,16 @@ def env_name(env: gym.Env) -> str:
 
 FAILURE_FRAMES = 2
 """Traceback frames an environment failure names, innermost last."""
-GYMNASIUM_DIR = str(Path(gym.__file__).parent)
+HIDDEN_DIRS = (str(Path(gym.__file__).parent), str(Path(futures.__file__).parent))
+"""Gymnasium's wrappers and the call thread's futures: frames a user never wrote."""
 
 
 def _failure(exc: BaseException, call: str) -> str:
     """``"ExceptionType: message (in call(); at file.py:12 in fn; ...)"``: what the environment raised,
     in which call, and the last ``FAILURE_FRAMES`` frames of its traceback outside this module and
-    Gymnasium's wrappers."""
+    ``HIDDEN_DIRS``."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if f.filename != __file__ and not f.filename.startswith(GYMNASIUM_DIR)][-FAILURE_FRAMES:]
+              if f.filename != __file__ and not f.filename.startswith(HIDDEN_DIRS)][-FAILURE_FRAMES:]
     where = "; ".join(f"{Path(f.filename).name}:{f.lineno} in {f.name}" for f in frames)
     return f"{traceback.format_exception_only(type(exc), exc)[-1].strip()} (in {call}(){'; at ' + where if where else ''})"
 
@@ -127,47 +138,97 @@ def failure_kind(failure: str) -> str:
     return f"{head.partition(':')[0]} (in {place}"
 
 
+class _CallThread:
+    """A daemon thread that runs environment calls one at a time, so that the caller can stop
+    waiting for one; a daemon, so that a call that never returns does not keep the process alive."""
+
+    def __init__(self):
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="agent-rl-env-calls", daemon=True).start()
+
+    def _serve(self) -> None:
+        while (call := self._calls.get()) is not None:
+            fn, future = call
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # the caller re-raises it, with its traceback
+                future.set_exception(exc)
+
+    def submit(self, fn: Callable[[], Any]) -> futures.Future:
+        future: futures.Future = futures.Future()
+        self._calls.put((fn, future))
+        return future
+
+    def retire(self) -> None:
+        """Let the thread end once its current call returns, if it ever does."""
+        self._calls.put(None)
+
+
 class LocalEnvPool:
     """``n_envs`` environments from ``make_env`` in this process, each built on the first reset of
-    its slot and reused."""
+    its slot and reused. With ``timeout_s``, a ``reset`` (the build included) or ``step`` that takes
+    longer fails its slot with a ``TimeoutError`` and its environment is abandoned (see the module
+    docstring); ``abandoned`` counts those calls."""
 
-    def __init__(self, make_env: EnvFactory, n_envs: int):
+    def __init__(self, make_env: EnvFactory, n_envs: int, *, timeout_s: float | None = None):
         from envs import has_oracle
 
         if n_envs < 1:
             raise ValueError(f"n_envs must be >= 1, got {n_envs}")
-        self.make_env, self.n_envs = make_env, n_envs
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0 seconds or None (no limit), got {timeout_s}")
+        self.make_env, self.n_envs, self.timeout_s = make_env, n_envs, timeout_s
         self._envs: list[gym.Env | None] = [None] * n_envs
+        self._calls = _CallThread() if timeout_s is not None else None
+        self.abandoned = 0
         probe = make_env()  # a bad id or kwargs fail here, loudly
         self.env_id, self.has_oracle = env_name(probe), has_oracle(probe)
         return_env(make_env, probe)  # a RegisteredEnv gives it to slot 0
 
-    def reset(self, slots: Sequence[int], seeds: Sequence[int]) -> list[EnvResult]:
-        results = []
-        for slot, seed in zip(slots, seeds, strict=True):
-            try:
-                if self._envs[slot] is None:
-                    self._envs[slot] = self.make_env()
-                env = self._envs[slot]
-                observation, info = env.reset(seed=int(seed))
-                info = dict(info)
-                info.setdefault("task", str(getattr(env.unwrapped, "task", "")))
-                results.append(EnvResult(observation=observation, info=info))
-            except Exception as exc:  # one broken environment must not stop the others
-                self._envs[slot] = None
-                results.append(EnvResult(failure=_failure(exc, "reset")))
-        return results
+    def _timed(self, fn: Callable[[], Any], call: str) -> Any:
+        """``fn()``, within the time limit when there is one: past it, a ``TimeoutError`` and a new
+        call thread (the old one stays with the call that does not return)."""
+        if self._calls is None:
+            return fn()
+        future = self._calls.submit(fn)
+        done, _ = futures.wait([future], timeout=self.timeout_s)
+        if not done:
+            self._calls.retire()
+            self._calls, self.abandoned = _CallThread(), self.abandoned + 1
+            raise TimeoutError(f"{call}() gave no answer within {self.timeout_s:g} s (env.timeout_s); "
+                               "the environment was abandoned and is rebuilt on the next reset")
+        return future.result()
 
-    def step(self, slots: Sequence[int], actions: Sequence[str]) -> list[EnvResult]:
+    def _reset_slot(self, slot: int, seed: int) -> EnvResult:
+        if self._envs[slot] is None:
+            self._envs[slot] = self.make_env()
+        env = self._envs[slot]
+        observation, info = env.reset(seed=seed)
+        info = dict(info)
+        info.setdefault("task", str(getattr(env.unwrapped, "task", "")))
+        return EnvResult(observation=observation, info=info)
+
+    def _step_slot(self, slot: int, action: str) -> EnvResult:
+        observation, reward, terminated, truncated, info = self._envs[slot].step(action)
+        return EnvResult(observation, float(reward), bool(terminated), bool(truncated), info)
+
+    def _each(self, call: str, fn: Callable[..., EnvResult], slots: Sequence[int], values: Sequence[Any]) -> list[EnvResult]:
+        """``fn(slot, value)`` per slot; a slot whose call raises or times out fails, and loses its
+        environment, without stopping the others."""
         results = []
-        for slot, action in zip(slots, actions, strict=True):
+        for slot, value in zip(slots, values, strict=True):
             try:
-                observation, reward, terminated, truncated, info = self._envs[slot].step(action)
-                results.append(EnvResult(observation, float(reward), bool(terminated), bool(truncated), info))
+                results.append(self._timed(functools.partial(fn, slot, value), call))
             except Exception as exc:
                 self._envs[slot] = None
-                results.append(EnvResult(failure=_failure(exc, "step")))
+                results.append(EnvResult(failure=_failure(exc, call)))
         return results
+
+    def reset(self, slots: Sequence[int], seeds: Sequence[int]) -> list[EnvResult]:
+        return self._each("reset", self._reset_slot, slots, [int(seed) for seed in seeds])
+
+    def step(self, slots: Sequence[int], actions: Sequence[str]) -> list[EnvResult]:
+        return self._each("step", self._step_slot, slots, actions)
 
     def oracle(self, slots: Sequence[int]) -> list[list[str] | None]:
         """A winning plan from each slot's current state (``envs.oracle_actions``); None for a slot
@@ -180,22 +241,23 @@ class LocalEnvPool:
         for env in self._envs:
             if env is not None:
                 try:
-                    env.close()
+                    self._timed(env.close, "close")
                 except Exception:  # closing is best effort; the data is already recorded
                     pass
         self._envs = [None] * self.n_envs
 
 
 @contextlib.contextmanager
-def env_pool(envs: EnvPool | EnvFactory, n_envs: int) -> Iterator[EnvPool]:
+def env_pool(envs: EnvPool | EnvFactory, n_envs: int, *, timeout_s: float | None = None) -> Iterator[EnvPool]:
     """``envs`` when it is a pool (checked to hold ``n_envs`` environments), else a local pool of
-    ``n_envs`` environments from the factory ``envs`` for the duration of the block."""
+    ``n_envs`` environments from the factory ``envs``, with the call time limit ``timeout_s``, for
+    the duration of the block."""
     if isinstance(envs, EnvPool):
         if envs.n_envs < n_envs:
             raise ValueError(f"the pool holds {envs.n_envs} {envs.env_id!r} environments; {n_envs} are needed")
         yield envs
         return
-    local = LocalEnvPool(envs, n_envs)
+    local = LocalEnvPool(envs, n_envs, timeout_s=timeout_s)
     try:
         yield local
     finally:
@@ -209,7 +271,10 @@ class RayEnvPool:
     :class:`RegisteredEnv` rebuilds a registered environment there, importing its modules.
 
     ``address`` connects to a running cluster (``"auto"`` or ``"ray://host:port"``); ``None`` starts a
-    local Ray (or reuses the one this process already started)."""
+    local Ray (or reuses the one this process already started). ``timeout_s`` is each actor's call
+    time limit (:class:`LocalEnvPool`); an actor that does not answer a batch of calls within that
+    limit per call plus ``ACTOR_GRACE_S`` (``ACTOR_START_S`` for its first answer) is killed and
+    replaced, failing its slots."""
 
     def __init__(
         self,
@@ -220,6 +285,7 @@ class RayEnvPool:
         address: str | None = None,
         num_cpus_per_actor: float = 1.0,
         init_kwargs: dict[str, Any] | None = None,
+        timeout_s: float | None = None,
     ):
         import ray
 
@@ -227,23 +293,27 @@ class RayEnvPool:
 
         if n_envs < 1 or n_actors < 1:
             raise ValueError(f"n_envs and n_actors must be >= 1, got {n_envs} and {n_actors}")
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0 seconds or None (no limit), got {timeout_s}")
         probe = make_env()  # a bad id or kwargs fail here, not in an actor
         self.env_id, self.has_oracle = env_name(probe), has_oracle(probe)
         probe.close()
         if not ray.is_initialized():
             ray.init(address=address, include_dashboard=False, log_to_driver=False, **(init_kwargs or {}))
         self._ray = ray
-        self.make_env, self.n_envs = make_env, n_envs
+        self.make_env, self.n_envs, self.timeout_s = make_env, n_envs, timeout_s
         n_actors = min(n_actors, n_envs)
         self._per_actor = -(-n_envs // n_actors)
         self._blocks = [range(start, min(start + self._per_actor, n_envs)) for start in range(0, n_envs, self._per_actor)]
         self._actor_class = ray.remote(num_cpus=num_cpus_per_actor)(LocalEnvPool)
         self._actors = [self._new_actor(block) for block in self._blocks]
+        self._started = [False] * len(self._actors)
+        """Whether each actor has answered once: until then its process may still be starting."""
         self.restarts = 0
         """How many dead actors were replaced."""
 
     def _new_actor(self, block: range):
-        return self._actor_class.remote(self.make_env, len(block))
+        return self._actor_class.remote(self.make_env, len(block), timeout_s=self.timeout_s)
 
     def _call(self, method: str, slots: Sequence[int], *columns: Sequence[Any], lost: Any) -> list[Any]:
         """``method(local slots, *columns)`` on every actor holding some of ``slots``; a dead
@@ -252,21 +322,31 @@ class RayEnvPool:
         for position, (slot, *values) in enumerate(zip(slots, *columns, strict=True)):
             actor = slot // self._per_actor
             per_actor.setdefault(actor, []).append((position, slot - self._blocks[actor].start, tuple(values)))
-        futures = {
+        calls = {
             actor: getattr(self._actors[actor], method).remote(
                 [local for _, local, _ in calls], *([values[k] for _, _, values in calls] for k in range(len(columns)))
             )
             for actor, calls in per_actor.items()
         }
         results: list[Any] = [None] * len(slots)
-        for actor, future in futures.items():
+        sent = time.monotonic()
+        for actor, future in calls.items():
+            deadline = None if self.timeout_s is None else (
+                sent + self.timeout_s * len(per_actor[actor]) + (ACTOR_GRACE_S if self._started[actor] else ACTOR_START_S))
             try:
-                answers = self._ray.get(future)
-            except self._ray.exceptions.RayActorError as exc:
-                # The actor (and its environments) are gone: fail its trajectories, start a new one.
+                answers = self._ray.get(future, timeout=None if deadline is None else max(deadline - time.monotonic(), 0.0))
+                self._started[actor] = True
+            except (self._ray.exceptions.RayActorError, self._ray.exceptions.GetTimeoutError) as exc:
+                # The actor (and its environments) are gone or stuck: fail its trajectories, start a new one.
+                if isinstance(exc, self._ray.exceptions.GetTimeoutError):
+                    self._ray.kill(self._actors[actor], no_restart=True)
+                    why = (f"TimeoutError: the environment actor gave no answer within {self.timeout_s:g} s per call "
+                           f"(env.timeout_s) and was replaced (in {method}())")
+                else:
+                    why = f"environment actor died: {_failure(exc, method)}"
                 self.restarts += 1
-                self._actors[actor] = self._new_actor(self._blocks[actor])
-                answers = [lost(f"environment actor died: {_failure(exc, method)}")] * len(per_actor[actor])
+                self._actors[actor], self._started[actor] = self._new_actor(self._blocks[actor]), False
+                answers = [lost(why)] * len(per_actor[actor])
             for (position, _, _), answer in zip(per_actor[actor], answers):
                 results[position] = answer
         return results
@@ -307,12 +387,20 @@ class RayEnvPool:
         self._actors = []
 
 
+ACTOR_GRACE_S = 30.0
+"""How much longer than its calls' time limits an environment actor may take to answer (Ray's own
+latency)."""
+ACTOR_START_S = 600.0
+"""The same for an actor's first answer, which waits for its process to start (a free CPU, the
+imports, its first environment)."""
+
+
 def pool_from_config(make_env: EnvFactory, config) -> EnvPool:
     """The pool a training run keeps for its rollouts and evaluations: enough environments for
     either, in-process or on ``scale.env_actors`` Ray actors."""
     rollout, trainer, scale = config.rollout, config.trainer, config.scale
     n_envs = max(rollout.n_groups * rollout.group_size, trainer.eval_episodes)  # a confirmation plays eval_episodes at a time
     if scale.env_actors == 0:
-        return LocalEnvPool(make_env, n_envs)
+        return LocalEnvPool(make_env, n_envs, timeout_s=config.env.timeout_s)
     return RayEnvPool(make_env, n_envs, n_actors=scale.env_actors, address=scale.ray_address,
-                      num_cpus_per_actor=scale.num_cpus_per_actor)
+                      num_cpus_per_actor=scale.num_cpus_per_actor, timeout_s=config.env.timeout_s)
