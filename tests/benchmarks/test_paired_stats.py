@@ -1,5 +1,5 @@
-"""benchmarks.paired_stats: t quantiles, the Wilcoxon signed-rank test and paired differences,
-against hand-computed and tabulated values."""
+"""benchmarks.paired_stats: t quantiles, the Wilcoxon signed-rank and paired t-tests, paired
+differences and Holm's adjustment, against hand-computed and tabulated values."""
 
 from __future__ import annotations
 
@@ -12,8 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks.paired_stats import (
+    adjust_family,
+    holm_adjusted,
     mean_interval,
     paired_difference,
+    paired_t_p,
     student_t_cdf,
     student_t_quantile,
     wilcoxon_signed_rank,
@@ -60,12 +63,26 @@ def test_wilcoxon_exact_matches_enumeration():
     assert p == pytest.approx(min(1.0, 2 * np.mean(np.array(sums) <= statistic)))
 
 
-def test_wilcoxon_normal_approximation_with_ties_by_hand():
-    # |d| = 1, 1, 1, 2, 2, 2: average ranks 2 and 5; W+ = 2 + 2 + 5 + 5 + 5 = 19, W- = 2.
-    # mean n(n+1)/4 = 10.5; variance n(n+1)(2n+1)/24 - sum(t^3 - t)/48 = 22.75 - (24 + 24)/48 = 21.75.
-    statistic, p = wilcoxon_signed_rank([1, 1, -1, 2, 2, 2])
-    assert statistic == 2.0
-    assert p == pytest.approx(math.erfc(abs(2 - 10.5) / math.sqrt(21.75) / math.sqrt(2)))
+def test_wilcoxon_exact_with_ties_by_hand():
+    # |d| = 1, 1, 1, 2, 2, 2: average ranks 2 and 5; W+ = 2 + 2 + 5 + 5 + 5 = 19, W- = 2. Under the
+    # null W- = 2a + 5b with a, b in 0..3 ranks of each kind negative, C(3, a) C(3, b) of 64 ways:
+    # W- <= 2 for (a, b) = (0, 0) and (1, 0), 1 + 3 = 4 ways, so p = 2 * 4/64.
+    assert wilcoxon_signed_rank([1, 1, -1, 2, 2, 2]) == (2.0, 0.125)
+
+
+@settings(deadline=None, max_examples=30)
+@given(st.lists(st.integers(-4, 4), min_size=1, max_size=10))
+def test_wilcoxon_exact_with_ties_matches_enumeration(values):
+    d = np.array([v for v in values if v != 0], dtype=float)
+    statistic, p = wilcoxon_signed_rank(np.array(values, dtype=float))
+    if len(d) == 0:
+        assert (statistic, p) == (0.0, 1.0)
+        return
+    absolute = np.abs(d)
+    ranks = np.array([(absolute < a).sum() + ((absolute == a).sum() + 1) / 2 for a in absolute])
+    sums = [sum(r for r, negative in zip(ranks, signs) if negative) for signs in itertools.product((0, 1), repeat=len(d))]
+    assert statistic == min(ranks[d < 0].sum(), ranks[d > 0].sum())
+    assert p == pytest.approx(min(1.0, 2 * np.mean(np.array(sums) <= statistic + 1e-9)))
 
 
 def test_wilcoxon_normal_approximation_above_the_exact_limit():
@@ -85,6 +102,53 @@ def test_paired_difference_by_hand():
     assert set(result.as_dict()) >= {"mean", "ci_low", "ci_high", "wilcoxon_p"}
     flipped = paired_difference([1, 1, 1, 1, 1], [2, 3, 4, 5, 6])
     assert flipped.mean == -3.0 and flipped.ci_high == pytest.approx(-3 + half) and flipped.wilcoxon_p == 0.0625
+
+
+def test_paired_t_p_by_hand():
+    # Differences 1..5: t = 3 / (sqrt(2.5) / sqrt(5)) = sqrt(18). With 4 degrees of freedom the t CDF
+    # has the closed form F(t) = 1/2 + (3/8) * (t / sqrt(1 + t^2/4)) * (1 - t^2 / (12 (1 + t^2/4))).
+    t = math.sqrt(18.0)
+    cdf = 0.5 + 3 / 8 * t / math.sqrt(1 + t * t / 4) * (1 - t * t / (12 * (1 + t * t / 4)))
+    assert paired_t_p([1, 2, 3, 4, 5]) == pytest.approx(2 * (1 - cdf), rel=1e-9)
+    assert paired_difference([2, 3, 4, 5, 6], [1, 1, 1, 1, 1]).t_p == pytest.approx(2 * (1 - cdf), rel=1e-9)
+    assert paired_t_p([0.0, 0.0, 0.0]) == 1.0 and paired_t_p([2.0, 2.0]) == 0.0
+
+
+def test_holm_by_hand():
+    # Sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1: 0.02, 0.03, 0.06, 0.04; made non-decreasing:
+    # 0.02, 0.03, 0.06, 0.06; back in the given order.
+    np.testing.assert_allclose(holm_adjusted([0.01, 0.04, 0.03, 0.005]), [0.03, 0.06, 0.06, 0.02])
+    np.testing.assert_allclose(holm_adjusted([0.3, 0.5]), [0.6, 0.6])
+    assert holm_adjusted([0.04])[0] == 0.04
+    with pytest.raises(ValueError, match=r"p-values in \[0, 1\]"):
+        holm_adjusted([0.5, 1.5])
+
+
+@settings(deadline=None, max_examples=60)
+@given(st.lists(st.floats(0, 1), min_size=1, max_size=12))
+def test_holm_lies_between_the_raw_and_the_bonferroni_p_and_keeps_the_order(values):
+    raw = np.array(values)
+    adjusted = holm_adjusted(raw)
+    assert np.all(adjusted >= raw - 1e-12) and np.all(adjusted <= np.minimum(1.0, len(raw) * raw) + 1e-12)
+    order = np.argsort(raw, kind="stable")
+    assert np.all(np.diff(adjusted[order]) >= -1e-12)
+
+
+def test_a_family_gets_holm_p_values_and_bonferroni_intervals():
+    strong = paired_difference([2, 3, 4, 5, 6], [1, 1, 1, 1, 1])
+    weak = paired_difference([1, -1, 2, 0.5, -0.5], [0, 0, 0, 0, 0])
+    family = adjust_family({"strong": strong, "weak": weak})
+    assert family["strong"].family_size == 2
+    assert family["strong"].holm_t_p == pytest.approx(2 * strong.t_p)  # the smaller p, times 2
+    assert family["weak"].holm_t_p == pytest.approx(max(weak.t_p, 2 * strong.t_p))
+    assert family["strong"].holm_wilcoxon_p == pytest.approx(min(1.0, 2 * strong.wilcoxon_p))
+    # Bonferroni for 2: t(1 - 0.05/4, 4) = 3.495406 (tables), times std / sqrt(n).
+    half = 3.4954059 * math.sqrt(2.5) / math.sqrt(5)
+    assert family["strong"].ci_low == pytest.approx(3 - half, rel=1e-6) and family["strong"].ci_high == pytest.approx(3 + half, rel=1e-6)
+    assert family["strong"].significant() and not family["weak"].significant()
+    assert family["strong"].as_dict()["adjusted_ci_low"] == family["strong"].ci_low
+    with pytest.raises(ValueError, match="share one confidence"):
+        adjust_family({"a": strong, "b": paired_difference([2, 3, 4, 5, 6], [1, 1, 1, 1, 1], confidence=0.9)})
 
 
 def test_mean_interval_by_hand():
