@@ -2,9 +2,10 @@
 
 It checks and measures, in about 8 minutes on one GPU:
 - the GPU's bf16 and fp32 matrix-product peaks (square products, mean of the timed repeats);
-- engine-vs-learner logprob parity: the hf engine samples completions of chat prompts under bf16
-  autocast, and the learner (``training.loop.learner.sequence_logprobs``) scores them again under bf16
-  autocast and in float32; float32 engine against float32 learner is the control;
+- engine-vs-learner logprob parity (:func:`parity`): the hf engine samples completions of chat
+  prompts and the learner (``training.loop.learner.sequence_logprobs``) scores them again, both in
+  the library's bf16 (bf16 body, float32 output head), both under plain bf16 autocast, and both in
+  float32 (the control), with what each gap does to an update's importance ratios;
 - a short RL run of the policy (SmolLM2-135M-Instruct by default) on Sokoban with the hf engine and
   ``policy.precision=bf16``, from its zero-shot start (no warm start): per iteration the rollout,
   update and sync times, generated tokens/s, and the learner's MFU: ``6 * parameters * forwarded
@@ -36,6 +37,7 @@ from typing import Any
 
 import torch
 
+from agent_rl.presets import LOSS_PRESETS
 from benchmarks.common import RESULTS_DIR, write_result
 
 OUT_DIR = RESULTS_DIR / "gpu"
@@ -100,14 +102,29 @@ def scored(model, prompts: list[list[int]], completions, precision: str) -> tupl
 
 
 def gap(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """Largest and mean |a - b| over the masked tokens."""
-    diff = ((a - b) * mask).abs()
-    return {"max": float(diff.max()), "mean": float(diff.sum() / mask.sum()), "tokens": int(mask.sum())}
+    """Largest and mean |a - b| over the masked tokens, and what ``a - b`` does as the log importance
+    ratio of an update's first step (``a`` the learner, ``b`` the engine that sampled): the share of
+    tokens outside PPO's clip (GRPO's 0.2) and of sequences whose GSPO ratio (the exponential of the
+    mean log ratio) leaves GSPO's band, where the gradient of that row is clipped before any update."""
+    log_ratio = (a - b) * mask
+    diff = log_ratio.abs()
+    sequence = log_ratio.sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+    ppo, gspo = LOSS_PRESETS["grpo"], LOSS_PRESETS["gspo_token"]
+    ratio = log_ratio.exp()
+    outside_ppo = ((ratio < 1 - ppo["clip_low"]) | (ratio > 1 + ppo["clip_high"])) & (mask > 0)
+    sequence_ratio = sequence.exp()
+    outside_gspo = (sequence_ratio < 1 - gspo["clip_low"]) | (sequence_ratio > 1 + gspo["clip_high"])
+    return {"max": float(diff.max()), "mean": float(diff.sum() / mask.sum()), "tokens": int(mask.sum()),
+            "sequence_log_ratio_abs_mean": float(sequence.abs().mean()),
+            "tokens_outside_ppo_clip": float(outside_ppo.sum() / mask.sum()),
+            "sequences_outside_gspo_band": float(outside_gspo.float().mean())}
 
 
 def parity(model, tokenizer, sizes: dict[str, int]) -> dict[str, Any]:
-    """Engine-vs-learner logprob gaps with both under bf16 autocast and both in float32 (the
-    control), and how far bf16 moves the learner's own logprobs from float32."""
+    """Engine-vs-learner logprob gaps in float32 (the control), in the library's bf16 (body under
+    bf16 autocast, output head in float32: ``training.infra.distributed.forward_precision``) and
+    under plain bf16 autocast (the head in bf16 too), and how far the library's bf16 moves the
+    learner's own logprobs from float32."""
     from training.serving.engines import HFEngine, SamplingParams
 
     prompts = [
@@ -118,15 +135,41 @@ def parity(model, tokenizer, sizes: dict[str, int]) -> dict[str, Any]:
     sampling = SamplingParams(1.0, 1.0, sizes["max_new_tokens"])
     result: dict[str, Any] = {"prompts": len(prompts), "samples_per_prompt": sizes["samples"],
                               "tolerance": PARITY_TOLERANCE}
-    for precision in ("bf16", "fp32"):
-        completions = HFEngine(model, tokenizer, seed=1, precision=precision).generate(prompts, sizes["samples"], sampling)
-        learner, engine, mask = scored(model, prompts, completions, precision)
+    device = next(model.parameters()).device
+    for variant, precision, outer in (("bf16", "bf16", False), ("bf16_head", "fp32", True), ("fp32", "fp32", False)):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=outer):
+            completions = HFEngine(model, tokenizer, seed=1, precision=precision).generate(prompts, sizes["samples"], sampling)
+            learner, engine, mask = scored(model, prompts, completions, precision)
         gaps = gap(learner, engine, mask)
-        result[f"engine_vs_learner_{precision}"] = {**gaps, "within_tolerance": gaps["max"] <= PARITY_TOLERANCE[precision]}
-        if precision == "bf16":
+        tolerance = PARITY_TOLERANCE["fp32" if variant == "fp32" else "bf16"]
+        result[f"engine_vs_learner_{variant}"] = {**gaps, "within_tolerance": gaps["max"] <= tolerance}
+        if variant == "bf16":
             learner_fp32 = scored(model, prompts, completions, "fp32")[0]
             result["learner_bf16_vs_fp32"] = gap(learner, learner_fp32, mask)
+            result["learner_bf16_rebatched"] = gap(learner, rescored(model, prompts, completions, REBATCH), mask)
     return result
+
+
+REBATCH = 4
+"""Rows per forward pass of the rescoring: an update's micro-batches hold other rows, with other
+padding and shared prefixes, than the rollout's recomputation (``trainer.recompute_old_logprobs``)."""
+
+
+def rescored(model, prompts: list[list[int]], completions, rows_per_pass: int) -> torch.Tensor:
+    """The learner's bf16 logprobs of ``completions`` again, ``rows_per_pass`` shuffled rows at a
+    time: what an update sees for rows whose old logprobs the learner recomputed in other batches."""
+    from training.loop.learner import sequence_logprobs
+
+    flat_prompts = [p for p, group in zip(prompts, completions) for _ in group]
+    flat = [c.token_ids for group in completions for c in group]
+    order = torch.randperm(len(flat), generator=torch.Generator().manual_seed(0)).tolist()
+    out = torch.zeros(len(flat), max(map(len, flat)))
+    with torch.no_grad():
+        for start in range(0, len(order), rows_per_pass):
+            rows = order[start : start + rows_per_pass]
+            logp, _ = sequence_logprobs(model, [flat_prompts[i] for i in rows], [flat[i] for i in rows], 1.0, "bf16")
+            out[rows, : logp.shape[1]] = logp.to(out.device)
+    return out.to(next(model.parameters()).device)
 
 
 def rl_config(model_name: str, device: torch.device, precision: str, sizes: dict[str, int], run_dir: str):

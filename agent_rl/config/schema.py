@@ -65,8 +65,10 @@ class PolicyConfig:
     """``auto`` (cuda when available, else cpu), ``cpu``, ``cuda`` or ``cuda:N``."""
     precision: Literal[("auto", *PRECISIONS)] = "fp32"
     """``fp32``; ``bf16``: the forward passes of the learner, the warm start and the hf engine run
-    under bfloat16 autocast (vLLM serves bfloat16 weights) while weights, gradients, optimizer state
-    and the loss stay float32. It needs a CUDA GPU with bf16 or a CPU with AVX512-BF16 or AMX; on any
+    under bfloat16 autocast, with the output head (the logits) in float32 (vLLM serves bfloat16
+    weights), while weights, gradients, optimizer state and the loss stay float32. Engine and
+    learner logprobs then differ by bf16 rounding, which ``trainer.recompute_old_logprobs`` keeps
+    out of most importance ratios (docs/models.md). It needs a CUDA GPU with bf16 or a CPU with AVX512-BF16 or AMX; on any
     other device the trainer refuses it with a ``ConfigError``. ``auto`` is ``bf16`` where
     ``policy.device`` has it, else ``fp32``; the trainer prints the choice and the run's
     ``config.yaml`` records it."""
@@ -345,7 +347,9 @@ class TrainerConfig:
     save_every: int = 1
     """Write the ``last`` checkpoint every this many iterations (and at the end)."""
     recompute_old_logprobs: bool = False
-    """Recompute old logprobs with the training model before the update (and log the mismatch)."""
+    """Recompute old logprobs with the training model before the update (and log the mismatch), so
+    the update's importance ratios start from the learner's own logprobs rather than the engine's;
+    worth its forward pass in bf16, where the two round differently (``policy.precision``)."""
     torch_threads: int | None = None
     """torch intra-op threads; None keeps torch's default."""
 

@@ -8,7 +8,7 @@ import torch
 
 from agent_rl.config import ConfigError, load_config
 from training.infra import distributed
-from training.infra.distributed import autocast, bf16_supported, check_precision
+from training.infra.distributed import bf16_supported, check_precision, forward_precision
 from training.serving.engines import HFEngine, SamplingParams
 from training.loop.learner import accumulate_policy_gradient, sequence_logprobs
 
@@ -31,12 +31,25 @@ PROMPTS = [[2, 5, 9, 30, 31], [2, 7, 8], [2, 11, 12, 13, 14, 15, 16]]
 RESPONSES = [[40, 41, 42], [43], [44, 45, 46, 47, 1]]
 
 
-def test_fp32_is_no_autocast_and_bf16_autocasts_matrix_products():
-    a = torch.randn(4, 4)
-    with autocast(CPU, "fp32"):
+def test_bf16_autocasts_the_body_and_computes_the_logits_in_float32():
+    model, a = tiny_llama(), torch.randn(4, 4)
+    with forward_precision(model, CPU, "fp32"):
         assert (a @ a).dtype == torch.float32
-    with autocast(CPU, "bf16"):
+    with torch.no_grad(), forward_precision(model, CPU, "bf16"):
         assert (a @ a).dtype == torch.bfloat16
+        hidden = model.model(torch.tensor([PROMPTS[0]])).last_hidden_state
+        logits = model.lm_head(hidden)
+    assert logits.dtype == torch.float32
+    # The float32 product of the hidden state, not its bf16 rounding (which plain autocast gives).
+    torch.testing.assert_close(logits, hidden.float() @ model.lm_head.weight.T)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        rounded = model.lm_head(hidden)
+    assert rounded.dtype == torch.bfloat16 and not torch.equal(rounded.float(), logits)
+    # The head is a plain Linear again after the block, also when the block raises.
+    assert type(model.lm_head) is torch.nn.Linear
+    with pytest.raises(RuntimeError, match="inside"), forward_precision(model, CPU, "bf16"):
+        raise RuntimeError("inside")
+    assert type(model.lm_head) is torch.nn.Linear
 
 
 def test_bf16_logprobs_match_float32_within_tolerance():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -42,12 +42,35 @@ def check_precision(precision: str, device: torch.device) -> None:
         )
 
 
-def autocast(device: torch.device, precision: str):
-    """The context a forward pass runs in: bfloat16 autocast for ``bf16`` (weights stay float32),
-    nothing for ``fp32``."""
-    if precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+class Float32Head(torch.nn.Linear):
+    """A linear output head that computes the logits in float32 inside bf16 autocast (its weights are
+    float32): rounding logits of size ~10-30 to bf16's 8 mantissa bits moves a token's logprob by up
+    to ~0.1, and the engine's cached decoding and the learner's full forward pass round differently."""
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(hidden.device.type, enabled=False):
+            return super().forward(hidden.to(self.weight.dtype))
+
+
+@contextlib.contextmanager
+def forward_precision(model: torch.nn.Module, device: torch.device, precision: str) -> Iterator[None]:
+    """The context ``model``'s forward passes run in. ``fp32``: nothing. ``bf16``: bfloat16 autocast
+    for the transformer body, while the output head (a plain ``nn.Linear``) runs in float32 for the
+    block (:class:`Float32Head`), so engine and learner logprobs agree to ~1e-2 where a bf16 head
+    leaves ~1e-1 (``benchmarks/precision_parity.py``). Weights stay float32 either way."""
+    if precision != "bf16":
+        yield
+        return
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    swap = type(head) is torch.nn.Linear
+    if swap:
+        head.__class__ = Float32Head
+    try:
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            yield
+    finally:
+        if swap:
+            head.__class__ = torch.nn.Linear
 
 
 @dataclass(frozen=True)

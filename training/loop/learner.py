@@ -27,7 +27,7 @@ from agent_rl.batch import StepBatch
 from agent_rl.config import Config
 from agent_rl.losses import policy_loss
 from training.infra.checkpoint import load_model_weights
-from training.infra.distributed import DistContext, all_reduce_gradients, autocast, broadcast_ragged
+from training.infra.distributed import DistContext, all_reduce_gradients, broadcast_ragged, forward_precision
 from training.models.policy import is_lora
 
 
@@ -69,8 +69,8 @@ def response_logits(
     repeated over the batch; gradients flow back through that cache, so the result equals B separate
     forward passes. The rest of each prompt is left-padded and its response right-padded, so every
     response starts at the same column and only the last ``T + 1`` positions need logits. Gradients
-    flow when grad mode is on. ``precision`` ``bf16`` runs the forward under bfloat16 autocast
-    (``training.infra.distributed.autocast``); callers take the logits to float32 before any softmax."""
+    flow when grad mode is on. ``precision`` ``bf16`` runs the body under bfloat16 autocast and the
+    output head in float32 (``training.infra.distributed.forward_precision``)."""
     if len(prompt_ids_list) != len(response_ids_list):
         raise ValueError(f"{len(prompt_ids_list)} prompts but {len(response_ids_list)} responses")
     if any(len(p) == 0 for p in prompt_ids_list):
@@ -93,7 +93,7 @@ def response_logits(
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     position_ids = shared + (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     past = None
-    with autocast(device, precision):
+    with forward_precision(model, device, precision):
         if shared:
             prefix = torch.tensor([list(prompt_ids_list[0][:shared])], dtype=torch.long, device=device)
             past = model(input_ids=prefix, use_cache=True).past_key_values

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from training.infra.distributed import autocast
+from training.infra.distributed import forward_precision
 from training.models.policy import serving_state_dict
 
 FINISH_REASONS = ("stop", "length")
@@ -114,7 +114,8 @@ class HFEngine:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model
         self.precision = precision
-        """``bf16``: generate under bfloat16 autocast, as the learner's forward passes run."""
+        """``bf16``: generate with the body under bfloat16 autocast and the output head in float32, as the
+        learner's forward passes run (``training.infra.distributed.forward_precision``)."""
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
         self.stop_ids = stop_token_ids(model, tokenizer)
         self.max_batch_size = max_batch_size
@@ -141,7 +142,7 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.random.fork_rng(devices=cuda_devices), torch.no_grad(), autocast(device, self.precision):
+            with torch.random.fork_rng(devices=cuda_devices), torch.no_grad(), forward_precision(self.model, device, self.precision):
                 # A fresh seed per call: reproducible, and independent of the caller's RNG use.
                 torch.manual_seed(self.seed * 1_000_003 + self.calls)
                 self.calls += 1
