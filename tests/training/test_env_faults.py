@@ -148,17 +148,30 @@ def test_a_contract_breach_fails_its_trajectory_with_a_message_naming_the_call_a
 
 @pytest.mark.slow
 def test_a_hung_step_fails_its_trajectory_at_the_time_limit_instead_of_hanging_the_run(tmp_path):
+    run_dir = tmp_path / "run"
     error = ("TimeoutError: step() gave no answer within 0.3 s (env.timeout_s); the environment was abandoned and is "
              "rebuilt on the next reset (in step())")
-    console = Console(file=io.StringIO(), width=400)
-    with pytest.raises(EnvironmentFailures, match=r"^4 of 4 trajectories failed at iteration 1 .*; the first error: "
-                                                  + re.escape(error)):
-        train(load_config(overrides=overrides(tmp_path / "run", "hang_at_2", "sft.mode=none", "trainer.iterations=1",
-                                              "env.timeout_s=0.3")), console=console)
-    assert f"environment error in faulty/Lever-v0: {error}" in console.file.getvalue()
+    result = run_cli(run_dir, "hang_at_2", "sft.mode=none", "env.timeout_s=0.3")  # each hung step sleeps an hour
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"agent-rl: error: 4 of 4 trajectories failed at iteration 1 (trainer.max_failed_share=1.0); the first error: "
+        f"{error}; the run stops (the last checkpoint is iteration 0; continue with: agent-rl train --resume {run_dir})")
+    assert result.stdout.count(f"environment error in faulty/Lever-v0: {error}") == 1
+    assert [r["iteration"] for r in read_metrics(run_dir)] == [0]
 
 
 @pytest.mark.parametrize("value", ["0", "-2"])
 def test_a_time_limit_that_is_not_positive_is_a_config_error(value):
     with pytest.raises(ConfigError, match=r"config key 'env.timeout_s': must be > 0 seconds, or null for no limit"):
         load_config(overrides=[f"env.timeout_s={value}"])
+
+
+@pytest.mark.slow
+def test_a_contract_breach_at_the_second_step_stops_the_cli_with_its_message(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_cli(run_dir, "nan_reward", "sft.mode=none")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "agent-rl: error: 4 of 4 trajectories failed at iteration 1 (trainer.max_failed_share=1.0); the first error: "
+        "ContractError: step() returned the reward nan, not a finite number, at turn 1 (in step()); the run stops "
+        f"(the last checkpoint is iteration 0; continue with: agent-rl train --resume {run_dir})")
