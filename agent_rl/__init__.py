@@ -7,19 +7,27 @@ so ``from agent_rl import load_config, train`` imports the trainer (torch) only 
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import Any
 
 __version__ = "0.1.0"
+
+_CHECKOUT = Path(__file__).resolve().parent.parent
+if (_CHECKOUT / "pyproject.toml").is_file():
+    # Imported from a source checkout (editable, or on sys.path as a benchmark's worktree is): its
+    # folders envs/, anchors/, training/ and benchmarks/ are this package's subpackages, even when
+    # another checkout is the one installed.
+    __path__.append(str(_CHECKOUT))
 
 _LAZY = {
     # configs
     "Config": ("agent_rl.config", "Config"),
     "load_config": ("agent_rl.config", "load_config"),
-    "resolve": ("training.infra.resolution", "resolve"),
+    "resolve": ("agent_rl.training.infra.resolution", "resolve"),
     # training, resuming and evaluating (what the CLI does)
-    "Trainer": ("training.loop.trainer", "Trainer"),
-    "train": ("training.loop.trainer", "train"),
-    "evaluate_policy": ("training.loop.evaluation", "evaluate_policy"),
+    "Trainer": ("agent_rl.training.loop.trainer", "Trainer"),
+    "train": ("agent_rl.training.loop.trainer", "train"),
+    "evaluate_policy": ("agent_rl.training.loop.evaluation", "evaluate_policy"),
     # the credit-assignment core
     "StepBatch": ("agent_rl.batch", "StepBatch"),
     "discounted_returns": ("agent_rl.advantages", "discounted_returns"),

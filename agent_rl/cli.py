@@ -8,13 +8,13 @@ import sys
 
 
 def _cmd_envs(args: argparse.Namespace) -> int:
-    from envs.cli import list_envs
+    from agent_rl.envs.cli import list_envs
 
     return list_envs(imports=args.imports)
 
 
 def _cmd_play(args: argparse.Namespace) -> int:
-    from envs.cli import play
+    from agent_rl.envs.cli import play
 
     return play(args.env_id, seed=args.seed, imports=args.imports, env_kwargs=args.env_kwargs)
 
@@ -22,7 +22,7 @@ def _cmd_play(args: argparse.Namespace) -> int:
 def _report_errors(run):
     """Run a training command; known user errors print one line instead of a traceback."""
     from agent_rl.config import ConfigError
-    from training.infra.checkpoint import CheckpointError
+    from agent_rl.training.infra.checkpoint import CheckpointError
 
     try:
         return run()
@@ -47,7 +47,7 @@ def raise_stopped(signum: int, frame) -> None:
 
 def _how_to_go_on(run_dir: str | None) -> str:
     """What a stopped run saved and the command that continues it."""
-    from training.infra.checkpoint import resume_command, saved_iteration
+    from agent_rl.training.infra.checkpoint import resume_command, saved_iteration
 
     saved = saved_iteration(run_dir) if run_dir else None
     if saved is None:
@@ -104,7 +104,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from agent_rl.config import load_config, load_default_config
 
     def run() -> int:
-        from training.loop.trainer import default_run_dir, train
+        from agent_rl.training.loop.trainer import default_run_dir, train
 
         imports = [f"env.imports=[{', '.join(args.imports)}]"] if args.imports else []
         if args.resume and args.resume != "auto":
@@ -151,7 +151,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     import json
 
     def run() -> int:
-        from training.loop.evaluation import evaluate_policy
+        from agent_rl.training.loop.evaluation import evaluate_policy
 
         overrides = [f"env.imports=[{', '.join(args.imports)}]"] if args.imports else []
         results = evaluate_policy(
@@ -169,7 +169,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _cmd_models(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from training.models.known import KNOWN_MODELS, ModelInstallError, install_model, installed_file
+    from agent_rl.training.models.known import KNOWN_MODELS, ModelInstallError, install_model, installed_file
 
     console = Console(soft_wrap=True, highlight=False)
     if args.action == "install":
@@ -188,14 +188,14 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
 
 BENCHMARKS = {"credit": "credit_assignment", "lift": "lift", "testbed": "credit_testbed"}
-"""``agent-rl bench NAME`` runs the module ``benchmarks.<module>``, installed with the project."""
+"""``agent-rl bench NAME`` runs the module ``agent_rl.benchmarks.<module>``, installed with the project."""
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     import importlib.util
     import subprocess
 
-    module = f"benchmarks.{BENCHMARKS[args.name]}"
+    module = f"agent_rl.benchmarks.{BENCHMARKS[args.name]}"
     if importlib.util.find_spec(module) is None:
         print(f"agent-rl: error: {module} is not installed; reinstall agent-rl (pip install agent-rl[bench])",
               file=sys.stderr)
@@ -213,7 +213,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from training.models.known import KNOWN_MODELS  # standard library only
+    from agent_rl.training.models.known import KNOWN_MODELS  # standard library only
 
     parser = argparse.ArgumentParser(prog="agent-rl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)

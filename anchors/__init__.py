@@ -30,9 +30,9 @@ import numpy as np
 
 from agent_rl.batch import KEY_KINDS
 from agent_rl.grouping import GroupStats, dense_ids, group_stats, group_steps, rows_by_group
-from anchors.fingerprint import error_fingerprint, line_template
-from anchors.keys import hash_strings, normalize_whitespace, stable_hash64, unique_inverse
-from anchors.similarity import _mix64, cluster_similar, minhash_signatures
+from agent_rl.anchors.fingerprint import error_fingerprint, line_template
+from agent_rl.anchors.keys import hash_strings, normalize_whitespace, stable_hash64, unique_inverse
+from agent_rl.anchors.similarity import _mix64, cluster_similar, minhash_signatures
 
 _NEEDS = {
     "state": ("states",),

@@ -43,9 +43,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from benchmarks.common import RESULTS_DIR, machine_info, runs_stop_with_this_process, stopped
-from benchmarks.credit_testbed import select_names
-from benchmarks.paired_stats import mean_interval, paired_difference
+from agent_rl.benchmarks.common import RESULTS_DIR, machine_info, runs_stop_with_this_process, stopped
+from agent_rl.benchmarks.credit_testbed import select_names
+from agent_rl.benchmarks.paired_stats import mean_interval, paired_difference
 
 
 @dataclass(frozen=True)
@@ -210,7 +210,7 @@ class Job:
     def command(self) -> list[str]:
         overrides = [*self.overrides(), f"trainer.run_dir={self.run_dir}"]
         if self.warm_start is not None:
-            from training.infra import checkpoint
+            from agent_rl.training.infra import checkpoint
 
             overrides.append(f"policy={checkpoint.find_checkpoint(self.warm_start.run_dir, 'sft').model_dir}")
         resume = (self.run_dir / "checkpoints").is_dir() and any((self.run_dir / "checkpoints").iterdir())
@@ -231,7 +231,7 @@ def settings_of(job: Job) -> dict[str, Any]:
     """Every config value the job trains with (defaults included, so a changed default shows), as
     dotted keys, the way JSON gives them back."""
     from agent_rl.config import config_to_dict
-    from training.infra.checkpoint import flatten_config
+    from agent_rl.training.infra.checkpoint import flatten_config
 
     flat = json.loads(json.dumps(flatten_config(config_to_dict(config_of(job)))))
     return {key: value for key, value in flat.items() if key not in MOVING_SETTINGS}
@@ -241,7 +241,7 @@ def added_since(key: str, recorded: dict[str, Any], wanted: dict[str, Any]) -> b
     """Whether ``key`` is a config key added after the run was recorded, at its default: new keys
     default to what the code did before they existed, so such a run trained with that value."""
     from agent_rl.config import Config, config_to_dict
-    from training.infra.checkpoint import flatten_config
+    from agent_rl.training.infra.checkpoint import flatten_config
 
     defaults = json.loads(json.dumps(flatten_config(config_to_dict(Config()))))
     return key not in recorded and key in defaults and wanted.get(key) == defaults[key]
@@ -250,7 +250,7 @@ def added_since(key: str, recorded: dict[str, Any], wanted: dict[str, Any]) -> b
 def check_settings(job: Job, *, record: bool = False) -> None:
     """Check the job's settings against those recorded in its run directory (if any); ``record``
     writes them there when none are."""
-    from training.infra.checkpoint import config_differences
+    from agent_rl.training.infra.checkpoint import config_differences
 
     path = job.run_dir / "settings.json"
     wanted = settings_of(job)
@@ -274,7 +274,7 @@ def check_settings(job: Job, *, record: bool = False) -> None:
 def cell_records(job: Job) -> list[dict]:
     """A cell's metrics with its iteration 0 as its warm start's run logged it (with the evaluation the
     seed's cells share; the cell itself skips it)."""
-    from training.infra.logger import read_metrics
+    from agent_rl.training.infra.logger import read_metrics
 
     return [read_metrics(job.warm_start.run_dir)[0], *read_metrics(job.run_dir)[1:]]
 
@@ -368,7 +368,7 @@ def adopt_rebuild(job: Job) -> None:
     """Give a finished rebuild's checkpoint to the warm start it recreates. A warm start is
     deterministic (one torch thread), so its iteration-0 evaluation must be the one recorded before;
     otherwise the seed's later cells would not share their warm start with its earlier ones."""
-    from training.infra.logger import read_metrics
+    from agent_rl.training.infra.logger import read_metrics
 
     def evaluation(run_dir: Path) -> dict:
         return {key: value for key, value in read_metrics(run_dir)[0].items() if key.startswith("eval/")}
@@ -384,7 +384,7 @@ def adopt_rebuild(job: Job) -> None:
 def run_grid(jobs: dict[str, list[Job]], *, workers: int, gate_points: float, progress) -> dict[str, Gate]:
     """Train every job not done yet, ``workers`` at a time; after each environment's pilot, its gate
     decides whether the rest of that environment runs. Returns the gates."""
-    from training.infra.logger import read_metrics
+    from agent_rl.training.infra.logger import read_metrics
 
     for job in (job for env_jobs in jobs.values() for job in env_jobs):
         check_settings(job)  # before anything trains, so a mismatch costs nothing
@@ -506,7 +506,7 @@ def summarize(jobs: dict[str, list[Job]], gates: dict[str, Gate], gate_points: f
     seed's; the baseline's gain by the gate's rule on every seed says where it learned, and where it
     did not on some, the AUC differences on the seeds where it did are reported too (a sensitivity
     check, chosen after the fact)."""
-    from training.infra.logger import read_metrics
+    from agent_rl.training.infra.logger import read_metrics
 
     summary: dict[str, Any] = {}
     for name, env_jobs in jobs.items():

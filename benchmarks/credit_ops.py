@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agent_rl.advantages import discounted_returns, episode_advantages, graph_advantages, graph_progress, step_advantages
-from benchmarks.common import best_of, write_result
+from agent_rl.benchmarks.common import best_of, write_result
 
 GAMMA = 0.95
 STEP_WEIGHT = 1.0

@@ -3,9 +3,9 @@ groups and graph credit) with a tabular softmax policy, many paired seeds in min
 
 The policy is one logit vector per (task, anchor state) over that state's admissible actions, trained
 by the policy gradient ``logits[s, a] += lr * A * (onehot(a) - pi(.|s))``. The advantages ``A`` come
-from ``agent_rl.advantages.compute_advantages`` with anchor keys from ``anchors.compute_anchor_keys``:
+from ``agent_rl.advantages.compute_advantages`` with anchor keys from ``agent_rl.anchors.compute_anchor_keys``:
 the credit code users train with. Only the policy and the environment stepping are replaced, by the
-engine in ``benchmarks.testbed``; this script configures, runs and reports it:
+engine in ``agent_rl.benchmarks.testbed``; this script configures, runs and reports it:
 
 1. Each task's reachable state graph is explored once with the real environment (breadth first over
    ``info["admissible_actions"]`` from the reset state, up to the step limit), recording per
@@ -16,7 +16,7 @@ engine in ``benchmarks.testbed``; this script configures, runs and reports it:
    limit (forward dynamic programming over the state graph), so no evaluation noise enters.
 
 The policy is per task: the metric is the sampled success on the training tasks the policy was
-trained on (drawn from training seeds, below ``envs.EVAL_SEED_BASE``). A tabular policy has nothing
+trained on (drawn from training seeds, below ``agent_rl.envs.EVAL_SEED_BASE``). A tabular policy has nothing
 to carry to an unseen task, so no held-out seed is played.
 
 Arms are compared on the same seeds (same tasks, same sampling noise at the start: common random
@@ -48,15 +48,15 @@ import numpy as np
 from agent_rl.advantages import compute_advantages
 from agent_rl.batch import StepBatch
 from agent_rl.config import AlgorithmConfig, resolve_algorithm
-from anchors import compute_anchor_keys
-from benchmarks.common import RESULTS_DIR, machine_info
-from benchmarks.paired_stats import mean_interval, paired_difference
-from benchmarks.testbed import corridor  # noqa: F401  (registers testbed/KeyCorridor-v0)
-from benchmarks.testbed.exact import success_probability
-from benchmarks.testbed.explore import Tables, TaskGraph, build_tables, explore, replay_check
-from benchmarks.testbed.learner import policy_gradient_step, unit_mean_abs
-from benchmarks.testbed.simulator import Rollout, initial_logits, rollout
-from envs import EVAL_SEED_BASE
+from agent_rl.anchors import compute_anchor_keys
+from agent_rl.benchmarks.common import RESULTS_DIR, machine_info
+from agent_rl.benchmarks.paired_stats import mean_interval, paired_difference
+from agent_rl.benchmarks.testbed import corridor  # noqa: F401  (registers testbed/KeyCorridor-v0)
+from agent_rl.benchmarks.testbed.exact import success_probability
+from agent_rl.benchmarks.testbed.explore import Tables, TaskGraph, build_tables, explore, replay_check
+from agent_rl.benchmarks.testbed.learner import policy_gradient_step, unit_mean_abs
+from agent_rl.benchmarks.testbed.simulator import Rollout, initial_logits, rollout
+from agent_rl.envs import EVAL_SEED_BASE
 
 # ---- settings ------------------------------------------------------------------------------------
 
@@ -112,7 +112,7 @@ class Arm:
     algo: dict[str, Any]
     """``AlgorithmConfig`` fields (the loss is not used: the policy is tabular)."""
     anchor: str = "state"
-    """``anchors.compute_anchor_keys`` kind."""
+    """``agent_rl.anchors.compute_anchor_keys`` kind."""
     history_turns: int = 0
     """Turns of history for the ``context`` kind."""
     group_size: int = 4
@@ -224,7 +224,7 @@ def explore_task(job: tuple[str, int, bool]) -> TaskGraph:
 
 
 def anchor_keys(arm: Arm, tables: Tables, batch: Rollout) -> np.ndarray:
-    """``anchors.compute_anchor_keys`` on the rows' recorded strings, as the trainer calls it."""
+    """``agent_rl.anchors.compute_anchor_keys`` on the rows' recorded strings, as the trainer calls it."""
     if arm.anchor == "similarity":
         return compute_anchor_keys("similarity", observations=tables.observations[batch.observation_id].tolist(),
                                    group_ids=batch.task)

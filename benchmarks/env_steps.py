@@ -27,9 +27,9 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from benchmarks.common import write_result
-from envs import oracle_actions, text_env_specs
-from envs.registration import NAMESPACE
+from agent_rl.benchmarks.common import write_result
+from agent_rl.envs import oracle_actions, text_env_specs
+from agent_rl.envs.registration import NAMESPACE
 
 TARGET_STEPS_PER_S = {f"{NAMESPACE}/Maze-v0": 10_000, f"{NAMESPACE}/Sokoban-v0": 10_000, f"{NAMESPACE}/MiniCode-v0": 10_000}
 """The issue's one-core targets; TextWorld is bounded by the textworld package itself."""
@@ -126,7 +126,7 @@ def scienceworld_tasks(variations: int) -> dict:
     success and length, how many gold steps are among ScienceWorld's valid actions and among the
     shown ones (the prompt's capped list) at the state where they are taken, and the Java process's
     resident memory at the end."""
-    from envs.scienceworld_env import ScienceWorldEnv, task_names
+    from agent_rl.envs.scienceworld_env import ScienceWorldEnv, task_names
 
     results = {}
     with Progress(transient=True) as progress:

@@ -3,7 +3,7 @@
 It checks and measures, in about 8 minutes on one GPU:
 - the GPU's bf16 and fp32 matrix-product peaks (square products, mean of the timed repeats);
 - engine-vs-learner logprob parity (:func:`parity`): the hf engine samples completions of chat
-  prompts and the learner (``training.loop.learner.sequence_logprobs``) scores them again, both in
+  prompts and the learner (``agent_rl.training.loop.learner.sequence_logprobs``) scores them again, both in
   the library's bf16 (bf16 body, float32 output head), both under plain bf16 autocast, and both in
   float32 (the control), with what each gap does to an update's importance ratios;
 - a short RL run of the policy (SmolLM2-135M-Instruct by default) on Sokoban with the hf engine and
@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from agent_rl.presets import LOSS_PRESETS
-from benchmarks.common import RESULTS_DIR, write_result
+from agent_rl.benchmarks.common import RESULTS_DIR, write_result
 
 OUT_DIR = RESULTS_DIR / "gpu"
 SOKOBAN = "{width: 6, height: 6, n_boxes: 1, reverse_steps: 20, max_steps: 20}"
@@ -89,7 +89,7 @@ def _sync(device: torch.device) -> None:
 def scored(model, prompts: list[list[int]], completions, precision: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The learner's logprobs of the sampled tokens of ``completions`` (one list per prompt) at
     temperature 1 under ``precision``, the engine's, and the mask of real tokens; all ``(rows, T)``."""
-    from training.loop.learner import sequence_logprobs
+    from agent_rl.training.loop.learner import sequence_logprobs
 
     flat_prompts = [p for p, group in zip(prompts, completions) for _ in group]
     flat = [c for group in completions for c in group]
@@ -122,10 +122,10 @@ def gap(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> dict[str, float
 
 def parity(model, tokenizer, sizes: dict[str, int]) -> dict[str, Any]:
     """Engine-vs-learner logprob gaps in float32 (the control), in the library's bf16 (body under
-    bf16 autocast, output head in float32: ``training.infra.distributed.forward_precision``) and
+    bf16 autocast, output head in float32: ``agent_rl.training.infra.distributed.forward_precision``) and
     under plain bf16 autocast (the head in bf16 too), and how far the library's bf16 moves the
     learner's own logprobs from float32."""
-    from training.serving.engines import HFEngine, SamplingParams
+    from agent_rl.training.serving.engines import HFEngine, SamplingParams
 
     prompts = [
         tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True,
@@ -158,7 +158,7 @@ padding and shared prefixes, than the rollout's recomputation (``trainer.recompu
 def rescored(model, prompts: list[list[int]], completions, rows_per_pass: int) -> torch.Tensor:
     """The learner's bf16 logprobs of ``completions`` again, ``rows_per_pass`` shuffled rows at a
     time: what an update sees for rows whose old logprobs the learner recomputed in other batches."""
-    from training.loop.learner import sequence_logprobs
+    from agent_rl.training.loop.learner import sequence_logprobs
 
     flat_prompts = [p for p, group in zip(prompts, completions) for _ in group]
     flat = [c.token_ids for group in completions for c in group]
@@ -192,7 +192,7 @@ def rl_config(model_name: str, device: torch.device, precision: str, sizes: dict
 def rl_run(model, tokenizer, model_name: str, device: torch.device, precision: str, sizes: dict[str, int],
            bf16_peak_tflops: float) -> dict[str, Any]:
     """A short run of the trainer; per iteration its phase times, tokens/s and learner MFU."""
-    from training.loop.trainer import train
+    from agent_rl.training.loop.trainer import train
 
     parameters = sum(p.numel() for p in model.parameters())
     iterations: list[dict[str, float]] = []
@@ -280,8 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from rich.console import Console
 
-    from training.infra.distributed import bf16_supported
-    from training.models.policy import load_policy
+    from agent_rl.training.infra.distributed import bf16_supported
+    from agent_rl.training.models.policy import load_policy
 
     console = Console()
     device = torch.device("cpu" if args.dry_run else "cuda")

@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import RESULTS_DIR, machine_info, runs_stop_with_this_process, stopped
-from benchmarks.paired_stats import mean_interval, paired_difference
+from agent_rl.benchmarks.common import RESULTS_DIR, machine_info, runs_stop_with_this_process, stopped
+from agent_rl.benchmarks.paired_stats import mean_interval, paired_difference
 
 OUT_DIR = RESULTS_DIR / "lift"
 REACH = 0.95
@@ -202,7 +202,7 @@ def plan(cases: tuple[Case, ...], seeds: int | None, out: Path, settings: tuple[
 
 def run_all(runs: list[Run], *, workers: int, engine: str, progress) -> None:
     """Train every run not done yet, ``workers`` at a time; a failed run stops the others."""
-    from training.infra.logger import read_metrics
+    from agent_rl.training.infra.logger import read_metrics
 
     pending = [run for run in runs if not run.done]
     overall = progress.add_task("lift (iterations of all runs)", total=sum(r.case.iterations + 1 for r in runs))
@@ -263,10 +263,10 @@ def run_summary(records: list[dict]) -> dict[str, Any]:
 def random_play_success(case: Case, episodes: int = RANDOM_PLAY_EPISODES) -> float | None:
     """Success of uniformly random admissible actions on the case's held-out seeds (None where the
     environment lists no admissible actions)."""
-    from training.serving.envpool import env_factory
-    from training.loop.evaluation import eval_seeds
-    from training.models.policy import load_tokenizer, policy_dir
-    from training.loop.sft import collect_demonstrations
+    from agent_rl.training.serving.envpool import env_factory
+    from agent_rl.training.loop.evaluation import eval_seeds
+    from agent_rl.training.models.policy import load_tokenizer, policy_dir
+    from agent_rl.training.loop.sft import collect_demonstrations
 
     config = case.config()
     tokenizer = load_tokenizer(policy_dir(config.policy.name_or_path))  # the tokenizer alone, not the weights
@@ -305,7 +305,7 @@ def case_summary(case: Case, runs: list[dict[str, Any]], random_play: float | No
 
 
 def summarize(runs: list[Run], random_play: dict[str, float | None], settings: tuple[str, ...] = ()) -> dict[str, Any]:
-    from training.infra.logger import read_metrics
+    from agent_rl.training.infra.logger import read_metrics
 
     cases: dict[str, list[dict[str, Any]]] = {}
     by_name = {}

@@ -1,5 +1,5 @@
 """The user environments of ``agent-rl bench lift``: plain Gymnasium envs with text spaces, no oracle,
-written the way a user writes one (no ``envs.TextEnv`` base class), registered under ``lift/``.
+written the way a user writes one (no ``agent_rl.envs.TextEnv`` base class), registered under ``lift/``.
 
 - ``lift/SayTheNumber-v0``: the README quickstart's environment: say the number (1-3) you are shown.
   Random play wins 1/3; the answer can be copied from the observation.

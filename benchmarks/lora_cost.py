@@ -8,7 +8,7 @@ different admissible action), each arm records
 - the learner: seconds per ``Learner.optimize`` call (two AdamW steps, ``MEASURED_WITH``; best of ``--updates``
   after a warm-up) and forwarded tokens per second;
 - the engine sync: seconds to build and write the weights the engine reloads (LoRA merges its
-  adapters into them first: ``training.models.policy.serving_state_dict``);
+  adapters into them first: ``agent_rl.training.models.policy.serving_state_dict``);
 - the checkpoint: bytes of the model directory (LoRA: the adapter alone) and of the optimizer state;
 - the process's peak resident memory.
 
@@ -35,15 +35,15 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-import envs  # noqa: F401  (registers the bundled environments)
+from agent_rl import envs  # noqa: F401  (registers the bundled environments)
 from agent_rl.config import load_config
-from benchmarks.common import write_result
-from training.infra import checkpoint
-from training.serving.engines import write_untied_checkpoint
-from training.loop.learner import Learner
-from training.models.policy import add_lora, load_policy
-from training.models.prompts import PromptFormat
-from training.infra.resolution import resolve
+from agent_rl.benchmarks.common import write_result
+from agent_rl.training.infra import checkpoint
+from agent_rl.training.serving.engines import write_untied_checkpoint
+from agent_rl.training.loop.learner import Learner
+from agent_rl.training.models.policy import add_lora, load_policy
+from agent_rl.training.models.prompts import PromptFormat
+from agent_rl.training.infra.resolution import resolve
 
 RECIPE = "smollm2-maze"
 MEASURED_WITH = ("policy.precision=fp32", "optim.epochs=1", "optim.minibatches=2", "optim.minibatch_size=0", "optim.warmup_steps=0")
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> Path:
     for rank in [0, *args.ranks]:
         name = "full fine-tuning" if rank == 0 else f"LoRA rank {rank}"
         with console.status(f"{name}: {args.updates} learner updates on {args.groups * COPIES} rows"):
-            command = [sys.executable, "-m", "benchmarks.lora_cost", "--arm", str(rank), "--policy", args.policy,
+            command = [sys.executable, "-m", "agent_rl.benchmarks.lora_cost", "--arm", str(rank), "--policy", args.policy,
                        "--groups", str(args.groups), "--updates", str(args.updates)]
             done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode:

@@ -3,7 +3,7 @@ this machine's CPU, and what that does to an update's importance ratios. A CPU w
 rounds the same way, only slower, so the gaps do not depend on it (``bf16_native`` records it).
 
 The hf engine samples completions of chat prompts and the learner scores them again
-(``benchmarks.gpu_check.parity``): in float32 (the control), in the library's bf16 (the transformer
+(``agent_rl.benchmarks.gpu_check.parity``): in float32 (the control), in the library's bf16 (the transformer
 body under bf16 autocast, the output head and log-softmax in float32) and under plain bf16 autocast
 (the head in bf16 too). Per variant: the largest and mean per-token gap, and, taking the gap as the
 log ratio of an update's first step, the share of tokens outside PPO's 0.2 clip and of sequences
@@ -20,12 +20,12 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import RESULTS_DIR, machine_info, write_result
+from agent_rl.benchmarks.common import RESULTS_DIR, machine_info, write_result
 
 OUT_DIR = RESULTS_DIR / "precision_parity"
 MODELS = ("embedded", "smollm2-135m-instruct")
 SIZES = {"prompts": 8, "samples": 8, "max_new_tokens": 32}
-"""The GPU check's parity sizes (``benchmarks.gpu_check.SIZES["gpu"]``), so the figures compare."""
+"""The GPU check's parity sizes (``agent_rl.benchmarks.gpu_check.SIZES["gpu"]``), so the figures compare."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,9 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from rich.console import Console
 
-    from benchmarks.gpu_check import parity
-    from training.infra.distributed import bf16_supported
-    from training.models.policy import load_policy
+    from agent_rl.benchmarks.gpu_check import parity
+    from agent_rl.training.infra.distributed import bf16_supported
+    from agent_rl.training.models.policy import load_policy
 
     console = Console()
     # Without AVX512-BF16 or AMX torch emulates bf16: slower, with the same rounding, so the gaps hold.

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import write_result
+from agent_rl.benchmarks.common import write_result
 
 ENVS = {
     "agent_rl/Maze-v0": {"n_rooms": 6, "n_locked_doors": 1, "max_steps": 20},
@@ -38,7 +38,7 @@ class FirstAdmissibleEngine:
         self.token_ids = tokenizer.encode("look", add_special_tokens=False) + [tokenizer.eos_token_id]
 
     def generate(self, prompts_token_ids, n, sampling):
-        from training.serving.engines import Completion
+        from agent_rl.training.serving.engines import Completion
 
         return [[Completion(list(self.token_ids), [0.0] * len(self.token_ids), "stop")] * n for _ in prompts_token_ids]
 
@@ -47,9 +47,9 @@ def rollout_throughput(repeats: int) -> dict:
     import ray
 
     from agent_rl.config import RolloutConfig
-    from training.serving.envpool import RayEnvPool, RegisteredEnv
-    from training.models.policy import load_policy
-    from training.loop.rollout import collect_rollouts
+    from agent_rl.training.serving.envpool import RayEnvPool, RegisteredEnv
+    from agent_rl.training.models.policy import load_policy
+    from agent_rl.training.loop.rollout import collect_rollouts
 
     _, tokenizer = load_policy("embedded")
     engine = FirstAdmissibleEngine(tokenizer)
@@ -88,9 +88,9 @@ def ddp_worker(out_path: str, repeats: int) -> None:
     import torch
 
     from agent_rl.losses import LOSS_PRESETS
-    from training.infra.distributed import all_reduce_gradients, init_distributed
-    from training.loop.learner import accumulate_policy_gradient
-    from training.models.policy import load_policy
+    from agent_rl.training.infra.distributed import all_reduce_gradients, init_distributed
+    from agent_rl.training.loop.learner import accumulate_policy_gradient
+    from agent_rl.training.models.policy import load_policy
 
     torch.set_num_threads(1)
     model, _ = load_policy("embedded")
@@ -129,7 +129,7 @@ def ddp_overhead(repeats: int) -> dict:
                 port = s.getsockname()[1]
             command = [
                 sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
-                "127.0.0.1", "--master_port", str(port), "-m", "benchmarks.scale", "--ddp-worker", out.name,
+                "127.0.0.1", "--master_port", str(port), "-m", "agent_rl.benchmarks.scale", "--ddp-worker", out.name,
                 "--repeats", str(repeats),
             ]
             env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}

@@ -5,7 +5,7 @@ Measures, for the installed model (``agent-rl models install smollm2-135m-instru
   (hashing included), the directory's size, the check of a warm cache (it hashes the file) and
   loading the converted directory;
 - logprob agreement, float32: the largest |engine logprob - learner logprob|
-  (``training.serving.engines.sequence_logprobs``) over sampled completions of chat prompts, for the hf
+  (``agent_rl.training.serving.engines.sequence_logprobs``) over sampled completions of chat prompts, for the hf
   engine and (when importable) the vllm engine, at temperature 1 and 0.7, before and after a weight
   sync (``update_weights`` with every parameter moved by Gaussian noise of std 0.01), and whether
   greedy completions agree between the engines.
@@ -22,13 +22,13 @@ import time
 import torch
 from rich.console import Console
 
-from benchmarks.common import write_result
-from training.serving.engines import HFEngine, SamplingParams, make_engine
-from training.loop.learner import sequence_logprobs
-from training.models.known import model_file
-from training.models.gguf import file_sha256, gguf_policy_dir
-from training.models.policy import load_policy
-from training.infra.resolution import vllm_available
+from agent_rl.benchmarks.common import write_result
+from agent_rl.training.serving.engines import HFEngine, SamplingParams, make_engine
+from agent_rl.training.loop.learner import sequence_logprobs
+from agent_rl.training.models.known import model_file
+from agent_rl.training.models.gguf import file_sha256, gguf_policy_dir
+from agent_rl.training.models.policy import load_policy
+from agent_rl.training.infra.resolution import vllm_available
 
 NAME = "smollm2-135m-instruct"
 QUESTIONS = [

@@ -32,10 +32,10 @@ import torch
 from rich.console import Console
 
 from agent_rl.config import load_config
-from benchmarks.common import RESULTS_DIR, best_of, write_result
-from training.infra.logger import read_metrics
-from training.models.policy import load_policy
-from training.loop.trainer import train
+from agent_rl.benchmarks.common import RESULTS_DIR, best_of, write_result
+from agent_rl.training.infra.logger import read_metrics
+from agent_rl.training.models.policy import load_policy
+from agent_rl.training.loop.trainer import train
 
 RECIPE = "smollm2-maze"
 PHASES = ("rollout", "advantage", "update", "sync", "eval")

@@ -9,11 +9,11 @@ their times compare within one run of this script. Per arm (``OUT/smollm2_speed.
   seconds the baseline's workload would take at the arm's rates (:func:`add_speedups`);
 - the greedy evaluation's seconds per episode (``--eval-episodes`` held-out mazes, at the end);
 - rollout generated tokens/s; the learner's forwarded tokens/s and FLOP/s (the count of
-  ``benchmarks.smollm2_recipe.summarize``), against the float32 and bfloat16 matmul peaks measured
+  ``agent_rl.benchmarks.smollm2_recipe.summarize``), against the float32 and bfloat16 matmul peaks measured
   before the runs;
 - speed-ups over the first arm.
 Besides the arms: the warm start's seconds in float32 and under bf16 autocast (the same steps), and
-the logprob parity of ``benchmarks.gpu_check.parity`` on the CPU (hf engine against the learner, in
+the logprob parity of ``agent_rl.benchmarks.gpu_check.parity`` on the CPU (hf engine against the learner, in
 bf16 and float32).
 
 Part ``tiny``: the main job (``agent-rl train`` with no ``--config``) in float32 and bf16, a shorter
@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from benchmarks.common import RESULTS_DIR, machine_info, runs_stop_with_this_process, write_result
+from agent_rl.benchmarks.common import RESULTS_DIR, machine_info, runs_stop_with_this_process, write_result
 
 RECIPE = "smollm2-maze"
 MEASURED_WITH = ("rollout.history_turns=1",)
@@ -66,7 +66,7 @@ PARITY_SIZES = {"prompts": 8, "samples": 2, "max_new_tokens": 12}
 def run_train(overrides: list[str], run_dir: Path, console: Console, recipe: str | None = RECIPE) -> list[dict[str, Any]]:
     """``agent-rl train --config recipe`` (no ``--config`` when None: the main job) in a fresh
     process; its metrics records."""
-    from training.infra.logger import read_metrics
+    from agent_rl.training.infra.logger import read_metrics
 
     if run_dir.exists():
         shutil.rmtree(run_dir)
@@ -110,7 +110,7 @@ def tiny_main_job(out: Path, steps: int, console: Console) -> dict[str, Any]:
 def arm_summary(records: list[dict[str, Any]], non_embedding: int, peaks: dict[str, float], lora: bool,
                 eval_episodes: int) -> dict[str, Any]:
     """Per-iteration phase means, rates and FLOP/s of one arm's run."""
-    from benchmarks.smollm2_recipe import summarize
+    from agent_rl.benchmarks.smollm2_recipe import summarize
 
     summary = summarize(records, non_embedding, peaks["float32"], weight_gradients=not lora)
     iterations = [r for r in records if r["iteration"] > 0]
@@ -169,8 +169,8 @@ def main(argv: list[str] | None = None) -> Path:
     unknown = [arm for arm in arms if arm not in ARMS] + [part for part in parts if part not in PARTS]
     if unknown:
         parser.error(f"unknown arm(s) or part(s) {unknown}; arms: {list(ARMS)}, parts: {list(PARTS)}")
-    from benchmarks.gpu_check import matmul_peak
-    from training.infra.distributed import bf16_supported
+    from agent_rl.benchmarks.gpu_check import matmul_peak
+    from agent_rl.training.infra.distributed import bf16_supported
 
     console = Console()
     path = args.out / "smollm2_speed.json"
@@ -201,9 +201,9 @@ def main(argv: list[str] | None = None) -> Path:
 def train_smollm2(args: argparse.Namespace, arms: list[str], peaks: dict[str, float], console: Console) -> dict[str, Any]:
     """The SmolLM2 runs: warm starts in both precisions, logprob parity, then the arms from the
     float32 warm start; what :func:`summarize_smollm2` needs besides the runs' logs."""
-    from benchmarks.gpu_check import parity
-    from training.infra import checkpoint
-    from training.models.policy import load_policy
+    from agent_rl.benchmarks.gpu_check import parity
+    from agent_rl.training.infra import checkpoint
+    from agent_rl.training.models.policy import load_policy
 
     recipe_overrides = [*MEASURED_WITH, *args.overrides]
     for precision in ("fp32", "bf16"):
@@ -233,7 +233,7 @@ def train_smollm2(args: argparse.Namespace, arms: list[str], peaks: dict[str, fl
 def summarize_smollm2(out: Path, part: dict[str, Any]) -> dict[str, Any]:
     """``part`` (what :func:`train_smollm2` returned) with the warm starts and arms summarized from
     the runs' ``metrics.jsonl`` under ``out``."""
-    from training.infra.logger import read_metrics
+    from agent_rl.training.infra.logger import read_metrics
 
     warm = {}
     for precision in ("fp32", "bf16"):

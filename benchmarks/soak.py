@@ -29,9 +29,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agent_rl.config import DEFAULT_RECIPE, load_config
-from benchmarks.common import RESULTS_DIR, write_result
-from benchmarks.paired_stats import student_t_quantile
-from training.loop.trainer import train
+from agent_rl.benchmarks.common import RESULTS_DIR, write_result
+from agent_rl.benchmarks.paired_stats import student_t_quantile
+from agent_rl.training.loop.trainer import train
 
 SOAK_OVERRIDES = [
     "rollout.n_groups=2", "rollout.group_size=2", "rollout.max_turns=10", "rollout.min_batch_rows=0", "optim.minibatch_size=4",

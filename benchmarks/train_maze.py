@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import RESULTS_DIR, machine_info, write_result
+from agent_rl.benchmarks.common import RESULTS_DIR, machine_info, write_result
 
 PHASES = ("rollout", "advantage", "update", "sync", "eval")
 
@@ -44,8 +44,8 @@ def eval_curve(records: list[dict]) -> list[dict[str, float | None]]:
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
     from agent_rl.config import config_to_dict, load_default_config
-    from training.infra.logger import read_metrics
-    from training.loop.trainer import train
+    from agent_rl.training.infra.logger import read_metrics
+    from agent_rl.training.loop.trainer import train
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--name", default="train_maze", help="result file under benchmarks/results/, without .json")
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     config = load_default_config([f"trainer.run_dir={run_dir}", *args.overrides])
     target = config.trainer.target_success
     if target is None:
-        raise SystemExit("benchmarks.train_maze measures the time to trainer.target_success; it must not be null")
+        raise SystemExit("agent_rl.benchmarks.train_maze measures the time to trainer.target_success; it must not be null")
     machine_at_start = machine_info()  # the load average before training started
     start = time.perf_counter()
     summary = train(config)

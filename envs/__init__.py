@@ -7,10 +7,10 @@ with Gymnasium. Reset seeds from ``EVAL_SEED_BASE`` on are evaluation seeds: the
 training instance.
 """
 
-from envs.base import EVAL_SEED_BASE, TextEnv, Transition, instance_split, normalize_action, seed_split
-from envs.checker import CheckReport, TextEnvCheckError, check_text_env
-from envs.oracle import AUTO_SFT_REASONS, auto_sft_mode, has_oracle, oracle_actions
-from envs.registration import (
+from agent_rl.envs.base import EVAL_SEED_BASE, TextEnv, Transition, instance_split, normalize_action, seed_split
+from agent_rl.envs.checker import CheckReport, TextEnvCheckError, check_text_env
+from agent_rl.envs.oracle import AUTO_SFT_REASONS, auto_sft_mode, has_oracle, oracle_actions
+from agent_rl.envs.registration import (
     EnvUnavailableError,
     TextEnvSpec,
     import_modules,

@@ -19,8 +19,8 @@ from typing import Any, Iterator
 import gymnasium as gym
 from gymnasium.utils.env_checker import check_env
 
-from envs.base import normalize_action
-from envs.oracle import oracle_actions
+from agent_rl.envs.base import normalize_action
+from agent_rl.envs.oracle import oracle_actions
 
 HOSTILE_ACTIONS: tuple[Any, ...] = (
     "", " ", "\t \t", "\n", "\x00", "\x1b[2J", "\x7f", "look\nquit", "quit\nlook", "\r\n\r\n",

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from envs.registration import EnvUnavailableError, import_modules, registry_id, text_env_specs, unavailable_envs
+from agent_rl.envs.registration import EnvUnavailableError, import_modules, registry_id, text_env_specs, unavailable_envs
 
 QUIT_COMMAND = ":quit"
 

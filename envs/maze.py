@@ -16,7 +16,7 @@ from typing import Any
 
 import networkx as nx
 
-from envs.base import TextEnv, Transition
+from agent_rl.envs.base import TextEnv, Transition
 
 DIRECTIONS = ("north", "east", "south", "west")
 OFFSETS = {"north": (0, 1), "east": (1, 0), "south": (0, -1), "west": (-1, 0)}

@@ -15,8 +15,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from envs.base import TextEnv, Transition
-from envs.minicode_lang import REFERENCE, MiniCodeError, compile_program, run
+from agent_rl.envs.base import TextEnv, Transition
+from agent_rl.envs.minicode_lang import REFERENCE, MiniCodeError, compile_program, run
 
 
 @dataclass(frozen=True)
@@ -149,7 +149,7 @@ def _result_problem(stack: list[int | bool], expected: int) -> str | None:
 
 
 class MiniCodeEnv(TextEnv):
-    """Write a MiniCode program (see ``envs.minicode_lang.REFERENCE``) that passes hidden tests.
+    """Write a MiniCode program (see ``agent_rl.envs.minicode_lang.REFERENCE``) that passes hidden tests.
 
     Each step submits a whole program on one line (later lines are dropped; actions are lower-cased).
     The task text holds the problem, the input names, one worked example (the first test) and the

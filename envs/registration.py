@@ -18,7 +18,7 @@ from typing import Any, Callable
 import gymnasium as gym
 
 from agent_rl.batch import KEY_KINDS
-from envs.base import EnvUnavailableError  # noqa: F401  (raised by the suites' environments, exported here)
+from agent_rl.envs.base import EnvUnavailableError  # noqa: F401  (raised by the suites' environments, exported here)
 
 NAMESPACE = "agent_rl"
 
@@ -63,25 +63,25 @@ def register_bundled() -> None:
     """Register the environments that ship with agent-rl."""
     register_text_env(
         f"{NAMESPACE}/Maze-v0",
-        "envs.maze:MazeEnv",
+        "agent_rl.envs.maze:MazeEnv",
         description="Rooms on a graph with locked doors, keys and a goal item; loops and dead ends.",
         default_anchor="state",
     )
     register_text_env(
         f"{NAMESPACE}/Sokoban-v0",
-        "envs.sokoban:SokobanEnv",
+        "agent_rl.envs.sokoban:SokobanEnv",
         description="Push every box onto a target on a procedurally generated, solvable text grid.",
         default_anchor="state",
     )
     register_text_env(
         f"{NAMESPACE}/TextWorld-v0",
-        "envs.textworld_env:TextWorldEnv",
+        "agent_rl.envs.textworld_env:TextWorldEnv",
         description="Real TextWorld games (coin_collector, treasure_hunter, custom quests), generated offline.",
         default_anchor="state",
     )
     register_text_env(
         f"{NAMESPACE}/MiniCode-v0",
-        "envs.minicode:MiniCodeEnv",
+        "agent_rl.envs.minicode:MiniCodeEnv",
         description="Write a tiny stack-language program that passes hidden tests; compiler-style feedback.",
         default_anchor="fingerprint",
     )
@@ -94,7 +94,7 @@ def register_suites() -> None:
     if importlib.util.find_spec("scienceworld") is not None:
         register_text_env(
             f"{NAMESPACE}/ScienceWorld-v0",
-            "envs.scienceworld_env:ScienceWorldEnv",
+            "agent_rl.envs.scienceworld_env:ScienceWorldEnv",
             description="ScienceWorld's 30 science tasks (boil, grow a plant, build a circuit, ...) in its Java "
             "simulator; train/dev/test variations; gold-path oracle.",
             default_anchor="state",
@@ -102,7 +102,7 @@ def register_suites() -> None:
     else:
         _UNAVAILABLE[f"{NAMESPACE}/ScienceWorld-v0"] = "pip install 'agent-rl[scienceworld]' (it also needs Java)"
     if importlib.util.find_spec("textarena") is not None:
-        from envs.textarena_env import register_textarena
+        from agent_rl.envs.textarena_env import register_textarena
 
         _UNAVAILABLE.update(register_textarena(register_text_env))
     else:
@@ -117,7 +117,7 @@ def load_plugins() -> None:
     _plugins_loaded = True
     register_bundled()
     for ep in entry_points(group="agent_rl.envs"):
-        if ep.value == "envs.registration:register_bundled":
+        if ep.value == "agent_rl.envs.registration:register_bundled":
             continue
         try:
             ep.load()()
@@ -154,7 +154,7 @@ def make_text_env(env_id: str, env_kwargs: dict[str, Any] | None = None, imports
 
 def return_env(make_env: Callable[[], gym.Env] | None, env: gym.Env) -> None:
     """Hand ``env``, looked at and no longer needed, back to the factory that built it when the
-    factory keeps one for its next call (``training.serving.envpool.RegisteredEnv.keep``); else close it."""
+    factory keeps one for its next call (``agent_rl.training.serving.envpool.RegisteredEnv.keep``); else close it."""
     keep = getattr(make_env, "keep", None)
     if keep is not None:
         keep(env)

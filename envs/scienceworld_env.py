@@ -28,7 +28,7 @@ from collections import Counter
 from hashlib import blake2b
 from typing import Any
 
-from envs.base import EnvUnavailableError, TextEnv, Transition
+from agent_rl.envs.base import EnvUnavailableError, TextEnv, Transition
 
 EVAL_SPLITS = ("dev", "test")
 DEFAULT_TASK = "find-plant"

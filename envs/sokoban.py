@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from envs.base import TextEnv, Transition
+from agent_rl.envs.base import TextEnv, Transition
 
 WALL, FLOOR, TARGET, BOX, BOX_ON_TARGET, PLAYER, PLAYER_ON_TARGET = "#", " ", ".", "$", "*", "@", "+"
 MOVES = ("up", "down", "left", "right")

@@ -26,10 +26,10 @@ from typing import Any, Callable, Iterator
 
 import gymnasium as gym
 
-from envs.base import EnvUnavailableError, TextEnv, Transition
+from agent_rl.envs.base import EnvUnavailableError, TextEnv, Transition
 
 NAMESPACE = "textarena"
-ENTRY_POINT = "envs.textarena_env:TextArenaEnv"
+ENTRY_POINT = "agent_rl.envs.textarena_env:TextArenaEnv"
 DIRECTIONS = ("up", "down", "left", "right")
 DIRECTION_ALIASES = {"w": "up", "a": "left", "s": "down", "d": "right"}
 _OUTSIDE_CHARSET = str.maketrans({"√": "*"})
@@ -62,7 +62,7 @@ class GameRules:
 # ---- Sokoban ------------------------------------------------------------------------------------
 def _sokoban_oracle(game: Any) -> list[str]:
     """Shortest plan by the A* solver of ``agent_rl/Sokoban-v0`` on TextArena's board (padded with walls)."""
-    from envs.sokoban import push_distances, solve
+    from agent_rl.envs.sokoban import push_distances, solve
 
     fixed, state = game.room_fixed, game.room_state
     rows, cols = fixed.shape
@@ -395,7 +395,7 @@ class TextArenaEnv(TextEnv):
 
     def instance_key(self) -> str | None:
         """Key of the game instance the last reset produced: training seeds only reach instances whose
-        key hashes to the training split, evaluation seeds the others (see ``envs.base``)."""
+        key hashes to the training split, evaluation seeds the others (see ``agent_rl.envs.base``)."""
         if self._instance is None:
             return None
         return blake2b(json.dumps([self.game_id, self._instance]).encode(), digest_size=16).hexdigest()
@@ -411,7 +411,7 @@ class TextArenaEnv(TextEnv):
 
 
 def register_textarena(register_text_env: Callable[..., None]) -> dict[str, str]:
-    """Register the adapted games with ``register_text_env`` (``envs.registration``'s, passed in: this
+    """Register the adapted games with ``register_text_env`` (``agent_rl.envs.registration``'s, passed in: this
     module sits below the registry) and the network-data games, which refuse with a clear error at
     ``gymnasium.make``; return the left-out ids with the reason for each."""
     for game, rules in GAMES.items():

@@ -33,7 +33,7 @@ from textworld.challenges import coin_collector, treasure_hunter
 from textworld.generator import QuestGenerationError, compile_game, make_game
 from textworld.generator.game import GameOptions
 
-from envs.base import TextEnv, Transition
+from agent_rl.envs.base import TextEnv, Transition
 
 KINDS = ("coin_collector", "treasure_hunter", "custom")
 CUSTOM_LIMITS = {"world_size": (1, 100, 3), "nb_objects": (0, 100, 3), "quest_length": (1, 20, 3)}

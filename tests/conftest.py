@@ -17,6 +17,6 @@ def ray_local():
 @pytest.fixture(scope="module")
 def policy():
     """The embedded policy and its tokenizer, loaded once per test module (tests may train it)."""
-    from training.models.policy import load_policy
+    from agent_rl.training.models.policy import load_policy
 
     return load_policy("embedded")

@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 import signal
 
-from envs import register_text_env
-from envs.maze import MazeEnv
+from agent_rl.envs import register_text_env
+from agent_rl.envs.maze import MazeEnv
 
 SIGNAL_VARIABLE = "AGENT_RL_TEST_SIGNAL"
 

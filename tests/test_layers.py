@@ -3,13 +3,14 @@ inside a function, points down or sideways within a layer, and no chain of impor
 where it started.
 
     core        agent_rl.{batch, grouping, advantages, losses, presets}   numpy and torch only
-    envs        envs.*                                                    and the core
-    anchors     anchors.*                                                 and the core
+    envs        agent_rl.envs.* (envs/)                                   and the core
+    anchors     agent_rl.anchors.* (anchors/)                             and the core
     config      agent_rl.config.*                                         and the core
-    training    training.*                                                and the above
-    top         agent_rl (the lazy facade), agent_rl.cli, benchmarks.*    anything
+    training    agent_rl.training.* (training/)                           and the above
+    top         agent_rl (the lazy facade), agent_rl.cli,
+                agent_rl.benchmarks.* (benchmarks/)                       anything
 
-Inside ``training`` its rooms are layered too, bottom up: ``models`` (policies, prompts), ``infra``
+Inside ``agent_rl.training`` its rooms are layered too, bottom up: ``models`` (policies, prompts), ``infra``
 (resolution, checkpoints, distributed, logging), ``serving`` (engines, environment pools), ``loop``
 (trainer, rollout, learner, warm start, evaluation).
 
@@ -25,6 +26,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("agent_rl", "envs", "anchors", "training", "benchmarks")
+"""The repository's package folders; all but agent_rl/ install as subpackages of agent_rl."""
 CORE = {"agent_rl.batch", "agent_rl.grouping", "agent_rl.advantages", "agent_rl.losses", "agent_rl.presets"}
 MAY_IMPORT = {
     "core": {"core"},
@@ -42,8 +44,8 @@ TRAINING_ROOMS = ("models", "infra", "serving", "loop")
 
 def room(module: str) -> int | None:
     """The rank of ``module``'s room in ``TRAINING_ROOMS``; None outside them."""
-    parts = module.split(".")
-    return TRAINING_ROOMS.index(parts[1]) if parts[0] == "training" and len(parts) > 2 and parts[1] in TRAINING_ROOMS else None
+    parts = module.split(".")[1:]
+    return TRAINING_ROOMS.index(parts[1]) if parts[:1] == ["training"] and len(parts) > 2 and parts[1] in TRAINING_ROOMS else None
 
 
 def layer(module: str) -> str:
@@ -51,13 +53,15 @@ def layer(module: str) -> str:
         return "core"
     if module == "agent_rl.config" or module.startswith("agent_rl.config."):
         return "config"
-    package = module.split(".")[0]
+    package = module.split(".")[1] if module.count(".") else ""
     return {"envs": "envs", "anchors": "anchors", "training": "training"}.get(package, "top")
 
 
 def module_name(path: Path) -> str:
+    """The installed name of the module in ``path``: ``training/loop/trainer.py`` is ``agent_rl.training.loop.trainer``."""
     parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    parts = parts[:-1] if parts[-1] == "__init__" else parts
+    return ".".join(parts if parts[0] == "agent_rl" else ("agent_rl", *parts))
 
 
 def _type_checking_only(node: ast.AST) -> bool:
@@ -66,7 +70,7 @@ def _type_checking_only(node: ast.AST) -> bool:
 
 def imported_modules(path: Path, known: set[str]) -> set[str]:
     """The project's modules ``path`` imports anywhere in its body (``from package import name``
-    counts as the submodule when ``name`` is one)."""
+    counts as the submodule when ``name`` is one, and as the package only for names it defines)."""
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
@@ -77,8 +81,10 @@ def imported_modules(path: Path, known: set[str]) -> set[str]:
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+            submodules = {f"{node.module}.{alias.name}" for alias in node.names}
+            found.update(submodules)
+            if not submodules <= known:  # names defined in the package itself
+                found.add(node.module)
         for child in ast.iter_child_nodes(node):
             visit(child)
 
@@ -95,8 +101,8 @@ GRAPH = import_graph()
 
 
 def test_the_graph_sees_the_project():
-    assert "agent_rl.config" in GRAPH["training.loop.trainer"]
-    assert "training.loop.learner" in GRAPH["training.loop.trainer"]
+    assert "agent_rl.config" in GRAPH["agent_rl.training.loop.trainer"]
+    assert "agent_rl.training.loop.learner" in GRAPH["agent_rl.training.loop.trainer"]
     assert len(GRAPH) > 40
 
 

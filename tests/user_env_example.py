@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from envs import TextEnv, Transition, register_text_env
+from agent_rl.envs import TextEnv, Transition, register_text_env
 
 
 class CounterEnv(TextEnv):

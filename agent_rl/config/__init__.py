@@ -16,7 +16,7 @@ A module per concern: :mod:`.schema` (the dataclasses), :mod:`.loading` (files, 
 and :mod:`.validation` (every value check). The config describes and checks values and does no
 runtime work: it imports only the core (numpy), never torch, an environment or ``training``.
 The choices a config leaves open (``engine=auto``, the environment's default anchor key,
-``sft.mode=auto``, the algorithm preset's parts) are made by ``training.infra.resolution.resolve``, which
+``sft.mode=auto``, the algorithm preset's parts) are made by ``agent_rl.training.infra.resolution.resolve``, which
 looks at the machine and builds an environment.
 """
 

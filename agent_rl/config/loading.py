@@ -3,6 +3,8 @@ checked against its field's type (unknown keys get a "did you mean"), and writin
 
 from __future__ import annotations
 
+import importlib.resources
+
 import dataclasses
 import difflib
 import os
@@ -205,11 +207,11 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def resolve_config_path(name_or_path: str) -> Path:
-    """A YAML path, or the name of a bundled recipe in ``training/configs`` (``maze``)."""
+    """A YAML path, or the name of a bundled recipe in ``agent_rl.training``'s ``configs`` (``maze``)."""
     path = Path(name_or_path)
     if path.is_file():
         return path
-    recipes = Path(__file__).resolve().parents[2] / "training" / "configs"
+    recipes = Path(str(importlib.resources.files("agent_rl.training") / "configs"))
     recipe = recipes / f"{name_or_path}.yaml"
     if recipe.is_file():
         return recipe

@@ -10,11 +10,11 @@ from agent_rl.advantages import EPISODE_MODES, EPISODE_STATS, STEP_CREDIT, STEP_
 from agent_rl.presets import ALGORITHM_PRESETS, KL_ESTIMATORS
 
 ACTION_PARSERS = ("first_line", "action_tag", "admissible")
-"""How actions are read from completions (``training.models.prompts.PARSERS`` implements each)."""
+"""How actions are read from completions (``agent_rl.training.models.prompts.PARSERS`` implements each)."""
 SFT_MODES = ("random", "oracle")
-"""Warm starts that clone demonstrations (``training.loop.sft.warm_start``); ``sft.mode`` adds none and auto."""
+"""Warm starts that clone demonstrations (``agent_rl.training.loop.sft.warm_start``); ``sft.mode`` adds none and auto."""
 PRECISIONS = ("fp32", "bf16")
-"""Numeric precisions of the forward passes (``training.infra.distributed.check_precision``)."""
+"""Numeric precisions of the forward passes (``agent_rl.training.infra.distributed.check_precision``)."""
 
 
 class ConfigError(ValueError):
@@ -39,7 +39,7 @@ class EnvConfig:
     imports: list[str] = field(default_factory=list)
     """Modules imported before ``gymnasium.make``; importing them registers user environments."""
     anchor_key: str | None = None
-    """Anchor key kind for GiGPO step groups (one of ``anchors.KEY_KINDS``; ``context`` keys the state
+    """Anchor key kind for GiGPO step groups (one of ``agent_rl.anchors.KEY_KINDS``; ``context`` keys the state
     together with the last ``rollout.history_turns`` turns its prompt shows); None uses the
     environment's registered default."""
     timeout_s: float | None = 120.0

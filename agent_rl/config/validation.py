@@ -18,7 +18,7 @@ def _require(ok: bool, key: str, message: str) -> None:
 
 def check_rollout(rollout: RolloutConfig) -> None:
     """The checks of the ``rollout`` section alone: :func:`validate` runs them, and so does
-    ``training.loop.rollout.collect_rollouts`` for a section built in Python."""
+    ``agent_rl.training.loop.rollout.collect_rollouts`` for a section built in Python."""
     for name in ("n_groups", "group_size", "max_turns", "max_prompt_tokens", "max_new_tokens"):
         _require(getattr(rollout, name) >= 1, f"rollout.{name}", f"must be >= 1, got {getattr(rollout, name)}")
     for name in ("history_turns", "max_admissible_actions", "min_batch_rows", "max_resample_rounds", "overlong_buffer"):

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from envs import TextEnv, Transition, register_text_env
+from agent_rl.envs import TextEnv, Transition, register_text_env
 
 
 class KeyCorridorEnv(TextEnv):
     """A corridor of cells: take the key at one end, then open the door at the other end.
 
-    Registered below with ``envs.register_text_env`` exactly as a user would register their own
+    Registered below with ``agent_rl.envs.register_text_env`` exactly as a user would register their own
     environment. Its states recur constantly (walking back and forth), so anchor groups are large.
     The length, the key's end and the start cell come from the seed.
     """

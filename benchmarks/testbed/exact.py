@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from benchmarks.testbed.explore import Tables
-from benchmarks.testbed.simulator import softmax
+from agent_rl.benchmarks.testbed.explore import Tables
+from agent_rl.benchmarks.testbed.simulator import softmax
 
 
 def success_probability(tables: Tables, logits: np.ndarray) -> np.ndarray:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from benchmarks.testbed.simulator import softmax
+from agent_rl.benchmarks.testbed.simulator import softmax
 
 
 def policy_gradient_step(logits: np.ndarray, states: np.ndarray, actions: np.ndarray, advantages: np.ndarray,

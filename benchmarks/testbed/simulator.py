@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from benchmarks.testbed.explore import Tables
+from agent_rl.benchmarks.testbed.explore import Tables
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

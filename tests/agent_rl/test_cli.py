@@ -48,11 +48,11 @@ def test_the_train_command_leaves_the_sigterm_handler_as_it_found_it():
 
 
 def test_train_without_a_config_runs_the_main_job_unless_another_environment_is_named(monkeypatch, tmp_path):
-    import training.loop.trainer
+    import agent_rl.training.loop.trainer
     from agent_rl.config import config_to_dict, load_config
 
     trained = []
-    monkeypatch.setattr(training.loop.trainer, "train", lambda config, **kwargs: trained.append(config))
+    monkeypatch.setattr(agent_rl.training.loop.trainer, "train", lambda config, **kwargs: trained.append(config))
     run_dir = f"trainer.run_dir={tmp_path}"
     assert main(["train", "trainer.seed=3", run_dir]) == 0
     assert main(["train", "--config", "sokoban", run_dir]) == 0
@@ -67,19 +67,19 @@ def test_a_full_disk_stops_a_run_with_one_line_that_says_how_to_go_on(monkeypatc
     import errno
     import json
 
-    import training.loop.trainer
+    import agent_rl.training.loop.trainer
 
     def full_disk(config, **kwargs):
         (tmp_path / "checkpoints").mkdir()
         (tmp_path / "checkpoints" / "last.json").write_text(json.dumps({"dir": "iter-000003", "iteration": 3}))
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "metrics.jsonl"))
 
-    monkeypatch.setattr(training.loop.trainer, "train", full_disk)
+    monkeypatch.setattr(agent_rl.training.loop.trainer, "train", full_disk)
     assert main(["train", f"trainer.run_dir={tmp_path}"]) == 1
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "No space left on device (writing " in err
     assert f"the last checkpoint is iteration 3; continue with: agent-rl train --resume {tmp_path}" in err
     # Other OS errors are not this one's to explain.
-    monkeypatch.setattr(training.loop.trainer, "train", lambda config, **kwargs: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
+    monkeypatch.setattr(agent_rl.training.loop.trainer, "train", lambda config, **kwargs: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
     with pytest.raises(OSError, match="I/O error"):
         main(["train", f"trainer.run_dir={tmp_path}"])

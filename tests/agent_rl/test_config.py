@@ -196,7 +196,7 @@ def test_building_a_config_imports_neither_torch_nor_training_nor_an_environment
 def test_recipe_environments_construct(recipe):
     import gymnasium as gym
 
-    import envs  # noqa: F401  (registers the bundled environments)
+    from agent_rl import envs  # noqa: F401  (registers the bundled environments)
 
     config = load_config(recipe)
     env = gym.make(config.env.id, **config.env.kwargs)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from anchors import GroupStats, compute_anchor_keys, group_steps
+from agent_rl.anchors import GroupStats, compute_anchor_keys, group_steps
 
 
 def reference_groups(group_ids, anchor_keys) -> list[frozenset[int]]:

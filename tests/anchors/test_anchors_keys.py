@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import anchors
-from anchors import KEY_KINDS, compute_anchor_keys, error_fingerprint, hash_strings, stable_hash64
+from agent_rl import anchors
+from agent_rl.anchors import KEY_KINDS, compute_anchor_keys, error_fingerprint, hash_strings, stable_hash64
 
 # blake2b(digest_size=8, person=domain), little-endian; pinned so a change of hash breaks loudly.
 PINNED = [

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from anchors import cluster_similar, minhash_signatures
-from anchors.similarity import lsh_bands
+from agent_rl.anchors import cluster_similar, minhash_signatures
+from agent_rl.anchors.similarity import lsh_bands
 
 ROOMS = [
     "You are in a damp cellar. Barrels line the north wall and a ladder leads up.",

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from agent_rl.cli import main as cli_main
-from benchmarks import credit_assignment as bench
+from agent_rl.benchmarks import credit_assignment as bench
 
 
 def _records(iterations, sampled, greedy=None, invalid=0.1, length=9.0, grouped=None):
@@ -231,7 +231,7 @@ def test_settings_are_recorded_then_checked(tmp_path):
 
 
 def test_every_full_grid_run_has_valid_settings():
-    from training.infra.resolution import resolve
+    from agent_rl.training.infra.resolution import resolve
 
     for env_jobs in bench.plan(bench.FULL_GRID, bench.FULL_SEEDS, Path("/nonexistent")).values():
         for job in env_jobs:

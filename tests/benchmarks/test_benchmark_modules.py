@@ -15,11 +15,11 @@ BENCHMARKS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py") if p.stem
 
 @pytest.mark.parametrize("name", BENCHMARKS)
 def test_every_benchmark_module_imports(name):
-    importlib.import_module(f"benchmarks.{name}")
+    importlib.import_module(f"agent_rl.benchmarks.{name}")
 
 
 def test_credit_ops_vectorized_credit_equals_the_per_row_loop():
-    from benchmarks.credit_ops import per_row_loop, synthetic_batch, vectorized
+    from agent_rl.benchmarks.credit_ops import per_row_loop, synthetic_batch, vectorized
 
     batch = synthetic_batch(2_000, seed=3)
     expected = per_row_loop(*(batch[k].tolist() for k in ("rewards", "traj", "group", "keys")))
@@ -28,7 +28,7 @@ def test_credit_ops_vectorized_credit_equals_the_per_row_loop():
 
 
 def test_credit_ops_graph_credit_sees_merged_groups():
-    from benchmarks.credit_ops import graph_credit, synthetic_batch
+    from agent_rl.benchmarks.credit_ops import graph_credit, synthetic_batch
 
     batch = synthetic_batch(2_000, seed=3)
     advantages = graph_credit(batch)
@@ -39,11 +39,10 @@ def test_credit_ops_graph_credit_sees_merged_groups():
 def test_the_benchmarks_are_installed_with_the_project_and_their_results_are_not():
     import tomllib
 
-    import setuptools
-
     from agent_rl.cli import BENCHMARKS as CLI_BENCHMARKS
 
-    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
-    packages = setuptools.find_namespace_packages(str(ROOT), include=find["include"], exclude=find.get("exclude", ()))
-    assert "benchmarks" in packages and not [p for p in packages if p.startswith("benchmarks.results")]
+    setuptools_table = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools_table["package-dir"]["agent_rl.benchmarks"] == "benchmarks"
+    assert "agent_rl.benchmarks" in setuptools_table["packages"]
+    assert not [p for p in setuptools_table["packages"] if "results" in p]
     assert set(CLI_BENCHMARKS.values()) <= set(BENCHMARKS)

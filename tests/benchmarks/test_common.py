@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from benchmarks.common import runs_stop_with_this_process, stopped
+from agent_rl.benchmarks.common import runs_stop_with_this_process, stopped
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 STUBBORN = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "

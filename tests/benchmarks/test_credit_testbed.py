@@ -1,4 +1,4 @@
-"""The credit testbed: its engine (``benchmarks.testbed``: exploration against the real environment,
+"""The credit testbed: its engine (``agent_rl.benchmarks.testbed``: exploration against the real environment,
 the tabular policy's sampling, update and exact success) and the --quick run's outputs."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from benchmarks import credit_testbed as tb
-from benchmarks.testbed import exact, learner, simulator
-from benchmarks.testbed import explore as exploration
-from envs import TextEnv, Transition, check_text_env, register_text_env
+from agent_rl.benchmarks import credit_testbed as tb
+from agent_rl.benchmarks.testbed import exact, learner, simulator
+from agent_rl.benchmarks.testbed import explore as exploration
+from agent_rl.envs import TextEnv, Transition, check_text_env, register_text_env
 
 CORRIDOR = "testbed/KeyCorridor-v0"
 

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from benchmarks import gpu_check
+from agent_rl.benchmarks import gpu_check
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("peft", reason="peft (the lora extra) is not installed")
 
-from benchmarks import lora_cost  # noqa: E402
+from agent_rl.benchmarks import lora_cost  # noqa: E402
 
 
 @pytest.mark.slow

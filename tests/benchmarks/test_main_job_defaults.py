@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.main_job_defaults import auc, main, summarize
+from agent_rl.benchmarks.main_job_defaults import auc, main, summarize
 
 
 def curve(values):
@@ -59,8 +59,8 @@ def test_warm_start_arms_train_their_own_warm_start(tmp_path, monkeypatch):
     """A warm-start arm passes its overrides to one training run from scratch (its own warm start);
     a learner arm starts from the seed's shared warm start with cloning off. The one-point curves of
     warm starts alone (``--iterations 0``) summarize like any others."""
-    import benchmarks.main_job_defaults as bench
-    import training.loop.trainer
+    import agent_rl.benchmarks.main_job_defaults as bench
+    import agent_rl.training.loop.trainer
 
     calls = []
 
@@ -71,7 +71,7 @@ def test_warm_start_arms_train_their_own_warm_start(tmp_path, monkeypatch):
         (run / "metrics.jsonl").write_text(json.dumps({"iteration": 0, "eval/greedy_success": 0.5, "eval/greedy_invalid_rate": 0.1,
                                                             "time/elapsed": 100.0, "time/eval": 30.0}) + "\n")
 
-    monkeypatch.setattr(training.loop.trainer, "train", fake_train)
+    monkeypatch.setattr(agent_rl.training.loop.trainer, "train", fake_train)
     monkeypatch.setattr(bench, "warm_start", lambda seed, args: tmp_path / "shared")
     args = argparse.Namespace(out=tmp_path, engine="hf", iterations=0, eval_every=5, eval_episodes=4, threads=1)
     own = bench.curve(bench.run_arm("explore-900", 3, args))
@@ -97,9 +97,9 @@ def test_warm_start_arms_train_their_own_warm_start(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("choice, sft_steps, oracle", [("default", 1200, "explore"), ("before", 300, "shortest")])
 def test_the_shared_warm_start_is_the_main_jobs_or_the_one_before(tmp_path, monkeypatch, choice, sft_steps, oracle):
-    import benchmarks.main_job_defaults as bench
-    import training.infra.checkpoint
-    import training.loop.trainer
+    import agent_rl.benchmarks.main_job_defaults as bench
+    import agent_rl.training.infra.checkpoint
+    import agent_rl.training.loop.trainer
 
     calls = []
 
@@ -107,8 +107,8 @@ def test_the_shared_warm_start_is_the_main_jobs_or_the_one_before(tmp_path, monk
         calls.append(config)
         Path(config.trainer.run_dir).mkdir(parents=True)
 
-    monkeypatch.setattr(training.loop.trainer, "train", fake_train)
-    monkeypatch.setattr(training.infra.checkpoint, "find_checkpoint", lambda run_dir, pointer: argparse.Namespace(model_dir=run_dir / pointer))
+    monkeypatch.setattr(agent_rl.training.loop.trainer, "train", fake_train)
+    monkeypatch.setattr(agent_rl.training.infra.checkpoint, "find_checkpoint", lambda run_dir, pointer: argparse.Namespace(model_dir=run_dir / pointer))
     args = argparse.Namespace(out=tmp_path, engine="hf", threads=1, warm_start=choice)
     assert bench.warm_start(2, args) == tmp_path / "warm_start" / "seed2" / "sft"
     (config,) = calls
@@ -120,7 +120,7 @@ def test_learner_arms_name_every_learner_setting_they_depend_on(arm):
     """A learner arm resolves to the same learner whatever the embedded defaults are: its result
     reproduces after a default changes."""
     from agent_rl.config import load_config, resolve_algorithm
-    from benchmarks.main_job_defaults import ARMS
+    from agent_rl.benchmarks.main_job_defaults import ARMS
 
     def learner(config):
         algo = resolve_algorithm(config.algo)

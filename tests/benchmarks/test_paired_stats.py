@@ -1,4 +1,4 @@
-"""benchmarks.paired_stats: t quantiles, the Wilcoxon signed-rank and paired t-tests, paired
+"""agent_rl.benchmarks.paired_stats: t quantiles, the Wilcoxon signed-rank and paired t-tests, paired
 differences and Holm's adjustment, against hand-computed and tabulated values."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.paired_stats import (
+from agent_rl.benchmarks.paired_stats import (
     adjust_family,
     holm_adjusted,
     mean_interval,

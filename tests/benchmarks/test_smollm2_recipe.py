@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks import smollm2_recipe
+from agent_rl.benchmarks import smollm2_recipe
 
 
 def test_summary_sums_phases_and_derives_throughput_by_hand():

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from benchmarks import smollm2_speed
-from training.infra.distributed import bf16_supported
+from agent_rl.benchmarks import smollm2_speed
+from agent_rl.training.infra.distributed import bf16_supported
 
 
 def _iteration(k: int, rollout: float, update: float, forwarded: float, **extra) -> dict:

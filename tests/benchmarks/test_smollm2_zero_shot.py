@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from benchmarks import smollm2_zero_shot
-from training.models.prompts import PromptFormat
+from agent_rl.benchmarks import smollm2_zero_shot
+from agent_rl.training.models.prompts import PromptFormat
 
 
 def test_quick_mode_writes_every_parser_cell_with_consistent_rates_and_parses(tmp_path):

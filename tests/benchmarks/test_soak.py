@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from benchmarks.soak import growth_per_100, process_sample, soak, verdict
+from agent_rl.benchmarks.soak import growth_per_100, process_sample, soak, verdict
 
 
 def test_growth_is_the_least_squares_slope_per_100_iterations_with_its_t_interval():

@@ -1,4 +1,4 @@
-from benchmarks.train_maze import eval_curve
+from agent_rl.benchmarks.train_maze import eval_curve
 
 RECORDS = [
     {"iteration": 0, "eval/greedy_success": 0.97, "eval/confirm_greedy_success": 0.93, "eval/confirm_greedy_episodes": 96.0,

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from envs import TextEnv, TextEnvCheckError, Transition, check_text_env
-from envs.checker import HOSTILE_ACTIONS
+from agent_rl.envs import TextEnv, TextEnvCheckError, Transition, check_text_env
+from agent_rl.envs.checker import HOSTILE_ACTIONS
 
 
 class Walk(TextEnv):

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import envs
-from envs import check_text_env, oracle_actions
-from envs.base import clean_observation
-from envs.minicode import TEMPLATES, MiniCodeEnv, flawed_draft
-from envs.minicode_lang import (
+from agent_rl import envs
+from agent_rl.envs import check_text_env, oracle_actions
+from agent_rl.envs.base import clean_observation
+from agent_rl.envs.minicode import TEMPLATES, MiniCodeEnv, flawed_draft
+from agent_rl.envs.minicode_lang import (
     INT_LIMIT,
     MAX_INSTRUCTIONS,
     MAX_STACK,

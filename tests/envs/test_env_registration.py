@@ -12,10 +12,10 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 
-import envs
+from agent_rl import envs
 from agent_rl.cli import main
-from envs.cli import parse_env_kwargs
-from envs.maze import MazeEnv
+from agent_rl.envs.cli import parse_env_kwargs
+from agent_rl.envs.maze import MazeEnv
 
 TESTS_DIR = Path(__file__).resolve().parents[1]  # tests/, which holds user_env_example.py
 BUNDLED = ["agent_rl/Maze-v0", "agent_rl/Sokoban-v0", "agent_rl/TextWorld-v0", "agent_rl/MiniCode-v0"]
@@ -38,7 +38,7 @@ def test_bundled_envs_are_registered_with_descriptions():
     specs = envs.text_env_specs()
     for env_id in BUNDLED:
         assert env_id in specs and specs[env_id].description and env_id in gym.registry
-    assert any(ep.value == "envs.registration:register_bundled" for ep in entry_points(group="agent_rl.envs"))
+    assert any(ep.value == "agent_rl.envs.registration:register_bundled" for ep in entry_points(group="agent_rl.envs"))
     env = gym.make("agent_rl/Maze-v0", n_rooms=5, n_locked_doors=1)
     assert isinstance(env.unwrapped, MazeEnv) and env.unwrapped.n_rooms == 5
     assert env.spec.id == "agent_rl/Maze-v0"
@@ -47,8 +47,8 @@ def test_bundled_envs_are_registered_with_descriptions():
 def test_gymnasium_make_works_without_importing_envs_first():
     code = (
         "import sys, gymnasium as gym\n"
-        "assert 'envs' not in sys.modules\n"
-        "env = gym.make('envs:agent_rl/Sokoban-v0')\n"
+        "assert 'agent_rl.envs' not in sys.modules\n"
+        "env = gym.make('agent_rl.envs:agent_rl/Sokoban-v0')\n"
         "obs, info = env.reset(seed=0)\n"
         "print(type(env.unwrapped).__name__, info['admissible_actions'] != [])\n"
     )

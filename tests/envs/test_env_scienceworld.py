@@ -11,12 +11,12 @@ import shutil
 import gymnasium as gym
 import pytest
 
-from envs import EVAL_SEED_BASE, EnvUnavailableError, check_text_env, oracle_actions
-from envs.checker import HOSTILE_ACTIONS
+from agent_rl.envs import EVAL_SEED_BASE, EnvUnavailableError, check_text_env, oracle_actions
+from agent_rl.envs.checker import HOSTILE_ACTIONS
 
 pytest.importorskip("scienceworld")
 
-from envs.scienceworld_env import ALWAYS_SHOWN, ScienceWorldEnv, check_simplifications, resolve_task, task_names  # noqa: E402
+from agent_rl.envs.scienceworld_env import ALWAYS_SHOWN, ScienceWorldEnv, check_simplifications, resolve_task, task_names  # noqa: E402
 
 
 needs_java = pytest.mark.skipif(shutil.which("java") is None, reason="ScienceWorld's simulator needs Java")
@@ -252,7 +252,7 @@ def test_one_training_iteration_through_the_cli(tmp_path):
     from agent_rl.cli import main
     from agent_rl.config import load_config
     from tiny_train import TINY_TRAIN  # tests/envs
-    from training.infra.logger import read_metrics
+    from agent_rl.training.infra.logger import read_metrics
 
     run_dir = tmp_path / "scienceworld"
     overrides = [*TINY_TRAIN, "rollout.n_groups=1", "sft.episodes=1"]  # every environment is a Java process

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import envs.sokoban as sokoban
-from envs import check_text_env, oracle_actions
-from envs.sokoban import UNREACHABLE, SokobanEnv, SokobanLevel, generate_level, push_distances, solve
+import agent_rl.envs.sokoban as sokoban
+from agent_rl.envs import check_text_env, oracle_actions
+from agent_rl.envs.sokoban import UNREACHABLE, SokobanEnv, SokobanLevel, generate_level, push_distances, solve
 
 SETTINGS = [
     dict(width=6, height=6, n_boxes=1, reverse_steps=30),

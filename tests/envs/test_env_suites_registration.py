@@ -12,14 +12,14 @@ import sys
 import gymnasium as gym
 import pytest
 
-import envs.registration as registration
+import agent_rl.envs.registration as registration
 from agent_rl.cli import main
-from envs import text_env_specs, unavailable_envs
+from agent_rl.envs import text_env_specs, unavailable_envs
 
 pytest.importorskip("textarena")
 pytest.importorskip("scienceworld")
 
-from envs.textarena_env import GAMES, TextArenaEnv  # noqa: E402
+from agent_rl.envs.textarena_env import GAMES, TextArenaEnv  # noqa: E402
 
 
 def _run(monkeypatch, capsys, argv: list[str], typed: str = "") -> tuple[int, str]:

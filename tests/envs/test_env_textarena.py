@@ -10,12 +10,12 @@ import sys
 import gymnasium as gym
 import pytest
 
-from envs import EVAL_SEED_BASE, EnvUnavailableError, check_text_env, instance_split, oracle_actions, unavailable_envs
-from envs.checker import HOSTILE_ACTIONS
+from agent_rl.envs import EVAL_SEED_BASE, EnvUnavailableError, check_text_env, instance_split, oracle_actions, unavailable_envs
+from agent_rl.envs.checker import HOSTILE_ACTIONS
 
 pytest.importorskip("textarena")
 
-from envs.textarena_env import GAMES, NETWORK_DATA, TextArenaEnv  # noqa: E402
+from agent_rl.envs.textarena_env import GAMES, NETWORK_DATA, TextArenaEnv  # noqa: E402
 
 WITH_ORACLE = ["Sokoban-v0", "FrozenLake-v0", "FrozenLake-v0-random", "TowerOfHanoi-v0-medium", "GuessTheNumber-v0", "GuessTheNumber-v0-hardcore"]
 
@@ -227,7 +227,7 @@ def test_network_data_game_fails_at_make_time_without_importing_it():
 
 
 def envs_specs() -> dict:
-    from envs import text_env_specs
+    from agent_rl.envs import text_env_specs
 
     return text_env_specs()
 
@@ -244,7 +244,7 @@ def test_one_training_iteration_through_the_cli(tmp_path):
     from agent_rl.cli import main
     from agent_rl.config import load_config
     from tiny_train import TINY_TRAIN  # tests/envs
-    from training.infra.logger import read_metrics
+    from agent_rl.training.infra.logger import read_metrics
 
     run_dir = tmp_path / "hanoi"
     assert main(["train", "env.id=textarena/TowerOfHanoi-v0", f"trainer.run_dir={run_dir}", *TINY_TRAIN]) == 0

@@ -15,9 +15,9 @@ import textworld
 from textworld.generator import QuestGenerationError
 from textworld.generator.game import GameOptions
 
-import envs.textworld_env as tw_env
-from envs import EVAL_SEED_BASE, check_text_env, oracle_actions
-from envs.textworld_env import (
+import agent_rl.envs.textworld_env as tw_env
+from agent_rl.envs import EVAL_SEED_BASE, check_text_env, oracle_actions
+from agent_rl.envs.textworld_env import (
     GENERATION_TRIES,
     HELDOUT_TRIES,
     GameSpec,
@@ -239,7 +239,7 @@ def _generate_in_subprocess(args):
     import os
 
     os.environ["AGENT_RL_CACHE"] = cache
-    from envs.textworld_env import GameSpec, ensure_game
+    from agent_rl.envs.textworld_env import GameSpec, ensure_game
 
     return str(ensure_game(GameSpec(**spec_fields)))
 

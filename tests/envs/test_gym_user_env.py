@@ -17,11 +17,11 @@ from gymnasium import spaces
 
 from agent_rl.cli import main
 from agent_rl.config import Config, ConfigError, load_config
-from envs import auto_sft_mode, check_text_env
-from training.serving.envpool import LocalEnvPool, env_factory
-from training.infra.logger import read_metrics
-from training.infra.resolution import resolve
-from training.loop.rollout import Move, PlayStats, play_episodes
+from agent_rl.envs import auto_sft_mode, check_text_env
+from agent_rl.training.serving.envpool import LocalEnvPool, env_factory
+from agent_rl.training.infra.logger import read_metrics
+from agent_rl.training.infra.resolution import resolve
+from agent_rl.training.loop.rollout import Move, PlayStats, play_episodes
 
 from tiny_train import TINY_TRAIN  # tests/envs
 

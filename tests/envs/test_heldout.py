@@ -16,11 +16,11 @@ import gymnasium as gym
 import networkx as nx
 import pytest
 
-import envs.base
-from envs import EVAL_SEED_BASE, TextEnv, Transition, check_text_env, instance_split, seed_split
-from envs.maze import MazeEnv, generate_world
-from envs.minicode import MiniCodeEnv
-from envs.sokoban import SokobanEnv
+import agent_rl.envs.base
+from agent_rl.envs import EVAL_SEED_BASE, TextEnv, Transition, check_text_env, instance_split, seed_split
+from agent_rl.envs.maze import MazeEnv, generate_world
+from agent_rl.envs.minicode import MiniCodeEnv
+from agent_rl.envs.sokoban import SokobanEnv
 
 MAIN_MAZE = dict(n_rooms=4, n_locked_doors=1, dead_ends=1, extra_edges=0, n_distractors=0, max_steps=20)
 """The README main job's maze: a few hundred layouts."""
@@ -234,4 +234,4 @@ def test_an_unreachable_split_raises_instead_of_looping(monkeypatch):
     assert len(draws) == 1
     with pytest.raises(RuntimeError, match=r"OneInstance: none of 1000 generated instances falls in the (train|eval) split"):
         env.reset(seed=EVAL_SEED_BASE if reachable == "train" else 0)
-    assert len(draws) == 1 + envs.base.MAX_SPLIT_DRAWS
+    assert len(draws) == 1 + agent_rl.envs.base.MAX_SPLIT_DRAWS

@@ -11,9 +11,9 @@ import torch
 from safetensors.torch import save_file
 
 from agent_rl.losses import LOSS_PRESETS
-from training.infra.distributed import all_reduce_gradients, broadcast_ragged, init_distributed
-from training.models.policy import load_policy
-from training.loop.learner import accumulate_policy_gradient
+from agent_rl.training.infra.distributed import all_reduce_gradients, broadcast_ragged, init_distributed
+from agent_rl.training.models.policy import load_policy
+from agent_rl.training.loop.learner import accumulate_policy_gradient
 
 
 def fixed_minibatch(vocab_size: int, rows: int = 10, seed: int = 0):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from training.infra import checkpoint as ckpt
+from agent_rl.training.infra import checkpoint as ckpt
 
 
 def _tiny_model_and_tokenizer(seed: int = 0, hidden: int = 16):

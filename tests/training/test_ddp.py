@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from ddp_worker import fixed_minibatch, gradients  # beside this file, on pytest's path
-from training.models.policy import load_policy
+from agent_rl.training.models.policy import load_policy
 
 
 def _free_port() -> int:
@@ -58,7 +58,7 @@ def _train_cli(args: list[str], nproc: int) -> subprocess.CompletedProcess:
 
 
 def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    from training.infra import checkpoint
+    from agent_rl.training.infra import checkpoint
 
     return load_file(checkpoint.find_checkpoint(run_dir, "last").model_dir / "model.safetensors")
 
@@ -70,7 +70,7 @@ def test_two_learners_train_like_one_and_resume(tmp_path):
     ends the same."""
     from test_trainer import tiny_overrides
 
-    from training.infra.logger import read_metrics
+    from agent_rl.training.infra.logger import read_metrics
 
     # Both evaluate after every iteration: an evaluation draws engine calls, which seed later sampling.
     single, double = tmp_path / "single", tmp_path / "double"

@@ -7,9 +7,9 @@ import copy
 import pytest
 import torch
 
-from training.serving.engines import HFEngine, SamplingParams
-from training.loop.learner import sequence_logprobs
-from training.models.policy import load_policy
+from agent_rl.training.serving.engines import HFEngine, SamplingParams
+from agent_rl.training.loop.learner import sequence_logprobs
+from agent_rl.training.models.policy import load_policy
 
 pytestmark = pytest.mark.ray
 
@@ -21,7 +21,7 @@ def _prompts(tokenizer):
 
 @pytest.mark.slow
 def test_ray_replicas_match_the_local_engine_before_and_after_a_weight_update(ray_local):
-    from training.serving.engines import RayEngine
+    from agent_rl.training.serving.engines import RayEngine
 
     model, tokenizer = load_policy("embedded")
     prompts = _prompts(tokenizer)
@@ -52,7 +52,7 @@ def test_ray_replicas_match_the_local_engine_before_and_after_a_weight_update(ra
 
 
 def test_ray_engine_rejects_bad_arguments(ray_local):
-    from training.serving.engines import RayEngine
+    from agent_rl.training.serving.engines import RayEngine
 
     model, tokenizer = load_policy("embedded")
     with pytest.raises(ValueError, match="n_replicas"):
@@ -68,9 +68,9 @@ def test_trainer_on_ray_env_actors_matches_the_local_trainer(ray_local, tmp_path
     from safetensors.torch import load_file
 
     from agent_rl.config import load_config
-    from training.infra import checkpoint
-    from training.infra.logger import read_metrics
-    from training.loop.trainer import train
+    from agent_rl.training.infra import checkpoint
+    from agent_rl.training.infra.logger import read_metrics
+    from agent_rl.training.loop.trainer import train
 
     from test_trainer import tiny_overrides  # tests/training/ is on the path (pytest's rootdir-relative import)
 

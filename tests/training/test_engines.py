@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from training.serving.engines import HFEngine, SamplingParams, make_engine
-from training.loop.learner import sequence_logprobs
+from agent_rl.training.serving.engines import HFEngine, SamplingParams, make_engine
+from agent_rl.training.loop.learner import sequence_logprobs
 
 TOLERANCE = 1e-3  # max abs logprob difference, float32
 
@@ -210,7 +210,7 @@ def test_vllm_sends_identical_prompts_as_one_request(policy, prompts, vllm_engin
 @pytest.mark.slow
 def test_vllm_serves_a_lora_policy_with_its_adapters_merged(policy, prompts, vllm_engine):
     pytest.importorskip("peft", reason="peft (the lora extra) is not installed")
-    from training.models.policy import add_lora
+    from agent_rl.training.models.policy import add_lora
 
     model, _ = policy
     lora = add_lora(copy.deepcopy(model), rank=4, alpha=8.0, target_modules=["all-linear"])

@@ -15,10 +15,10 @@ import pytest
 from rich.console import Console
 
 from agent_rl.config import ConfigError, RolloutConfig, load_config
-from training.infra.logger import read_metrics
-from training.loop.sft import collect_demonstrations
-from training.loop.trainer import EnvironmentFailures, train
-from training.models.policy import load_tokenizer, policy_dir
+from agent_rl.training.infra.logger import read_metrics
+from agent_rl.training.loop.sft import collect_demonstrations
+from agent_rl.training.loop.trainer import EnvironmentFailures, train
+from agent_rl.training.models.policy import load_tokenizer, policy_dir
 
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))
@@ -111,7 +111,7 @@ def test_a_missing_admissible_action_list_names_the_call_and_the_turn():
 def test_more_than_half_failed_in_two_iterations_running_stops_the_run(tmp_path):
     from types import SimpleNamespace
 
-    from training.loop.trainer import Trainer
+    from agent_rl.training.loop.trainer import Trainer
 
     console = Console(file=io.StringIO(), width=400)
     config = load_config(overrides=["env.id=faulty/Lever-v0"])

@@ -8,10 +8,10 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from envs import register_text_env
+from agent_rl.envs import register_text_env
 from agent_rl.config import RolloutConfig
-from training.serving.envpool import LocalEnvPool, RayEnvPool, RegisteredEnv, failure_kind
-from training.loop.rollout import collect_rollouts
+from agent_rl.training.serving.envpool import LocalEnvPool, RayEnvPool, RegisteredEnv, failure_kind
+from agent_rl.training.loop.rollout import collect_rollouts
 
 
 class FlakyEnv(gym.Env):
@@ -69,7 +69,7 @@ def test_local_pool_rejects_bad_ids_up_front():
 
 
 def test_local_pool_gives_oracle_plans_from_the_current_state():
-    import envs
+    from agent_rl import envs
 
     pool = LocalEnvPool(RegisteredEnv("agent_rl/Maze-v0", {"n_rooms": 4, "n_locked_doors": 1}), 2)
     assert pool.has_oracle and pool.env_id == "agent_rl/Maze-v0"
@@ -92,14 +92,14 @@ class ReplayEngine:
         self.token_ids = token_ids
 
     def generate(self, prompts_token_ids, n, sampling):
-        from training.serving.engines import Completion
+        from agent_rl.training.serving.engines import Completion
 
         return [[Completion(list(self.token_ids), [-0.5] * len(self.token_ids), "stop")] * n for _ in prompts_token_ids]
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from training.models.policy import load_policy
+    from agent_rl.training.models.policy import load_policy
 
     return load_policy("embedded")[1]
 
@@ -169,8 +169,8 @@ def test_the_config_check_the_sft_choice_and_the_probe_build_one_environment():
     import pickle
 
     from agent_rl.config import load_config
-    from training.infra.resolution import resolve
-    from training.serving.envpool import env_factory
+    from agent_rl.training.infra.resolution import resolve
+    from agent_rl.training.serving.envpool import env_factory
 
     config = load_config(overrides=["env=test_pool/Counted-v0", "sft.mode=auto", "engine=hf"])
     CountedEnv.built = 0
@@ -189,7 +189,7 @@ def test_the_config_check_the_sft_choice_and_the_probe_build_one_environment():
 
 @pytest.fixture(scope="module")
 def faulty():
-    """tests/faulty_env_example, loaded from its file: tests/ on the path would shadow the ``envs`` package."""
+    """tests/faulty_env_example, loaded from its file without putting tests/ on the path."""
     import importlib.util
     import sys
     from pathlib import Path
@@ -238,7 +238,7 @@ def test_a_time_limit_must_be_positive(timeout_s):
 @pytest.mark.ray
 @pytest.mark.slow
 def test_ray_pool_fails_a_hung_step_and_replaces_an_actor_stuck_holding_the_gil(ray_local, faulty, monkeypatch):
-    import training.serving.envpool as envpool
+    import agent_rl.training.serving.envpool as envpool
 
     monkeypatch.setattr(envpool, "ACTOR_GRACE_S", 2.0)
     ray_local.cloudpickle.register_pickle_by_value(faulty)  # the actors need not import tests/

@@ -15,7 +15,7 @@ from rich.progress import Progress
 
 from agent_rl.batch import StepBatch
 from agent_rl.config import load_config
-from training.loop.learner import (
+from agent_rl.training.loop.learner import (
     Learner,
     accumulate_policy_gradient,
     merge_repeated_rows,
@@ -27,7 +27,7 @@ from training.loop.learner import (
     step_scale,
     warmup_lr,
 )
-from training.infra.resolution import resolve
+from agent_rl.training.infra.resolution import resolve
 
 
 # ---- teacher-forced logprobs (response_logits, sequence_logprobs) --------------------------------------------------------------------------
@@ -150,7 +150,7 @@ def test_minibatches_are_whole_trajectories_and_a_short_one_steps_at_its_share_o
             forwarded.append([int(metrics["active_rows"] + metrics["repeated_rows"])])
             return metrics
 
-        import training.loop.learner as learner_module
+        import agent_rl.training.loop.learner as learner_module
 
         learner_module.accumulate_policy_gradient = record
         try:

@@ -10,8 +10,8 @@ import gymnasium as gym
 import pytest
 
 from agent_rl.config import load_config
-from training.infra.logger import read_metrics
-from training.loop.trainer import train
+from agent_rl.training.infra.logger import read_metrics
+from agent_rl.training.loop.trainer import train
 
 PATH_OF_SIGN = {"red": "left", "blue": "right", "gold": "right", "moon": "left"}
 
@@ -55,7 +55,7 @@ def _train(run_dir, env_id: str, iterations: int) -> list[dict]:
 def test_a_contextual_bandit_is_learned_from_a_random_action_warm_start(tmp_path):
     # 8 signs, 4 doors, a table the text never shows: the warm start learns the format and stops at
     # its format target, far short of sft.steps; RL must learn the table from rewards.
-    records = _train(tmp_path / "bandit", "benchmarks.lift_envs:lift/Bandit-v0", 10)
+    records = _train(tmp_path / "bandit", "agent_rl.benchmarks.lift_envs:lift/Bandit-v0", 10)
     start, end = records[0], records[-1]
     assert start["sft/format_accuracy"] >= 0.95 and start["sft/steps_taken"] < 300  # the generic size
     assert start["eval/greedy_success"] <= 0.5

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import training.models.known as models
+import agent_rl.training.models.known as models
 from agent_rl.cli import main
-from training.models.known import GGUF_REQUIREMENTS, KNOWN_MODELS, ModelInstallError, install_model, installed_file
+from agent_rl.training.models.known import GGUF_REQUIREMENTS, KNOWN_MODELS, ModelInstallError, install_model, installed_file
 
 SMOLLM2 = "smollm2-135m-instruct"
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,7 +115,7 @@ def test_models_lists_every_known_model_with_its_status(monkeypatch, tmp_path, c
 
 
 def test_a_known_model_that_is_not_installed_names_the_install_command(monkeypatch, tmp_path):
-    from training.models.policy import load_policy
+    from agent_rl.training.models.policy import load_policy
 
     monkeypatch.setattr(models, "installed_file", lambda name: None)
     with pytest.raises(FileNotFoundError, match=f"install it with: agent-rl models install {SMOLLM2}"):
@@ -147,7 +147,7 @@ requires_smollm2 = pytest.mark.skipif(
 @pytest.fixture(scope="session")
 def smollm2():
     """The real model from the default cache (converted on first use, once per cache)."""
-    from training.models.policy import load_policy
+    from agent_rl.training.models.policy import load_policy
 
     return load_policy(SMOLLM2)
 
@@ -186,7 +186,7 @@ def test_smollm2_chat_template(smollm2):
 
 @requires_smollm2
 def test_smollm2_greedy_answer(smollm2):
-    from training.serving.engines import HFEngine, SamplingParams
+    from agent_rl.training.serving.engines import HFEngine, SamplingParams
 
     model, tokenizer = smollm2
     engine = HFEngine(model, tokenizer)
@@ -199,7 +199,7 @@ def test_smollm2_greedy_answer(smollm2):
 @pytest.mark.slow
 def test_smollm2_hf_logprobs_match_the_learner(smollm2):
     from test_engines import max_logprob_gap
-    from training.serving.engines import HFEngine, SamplingParams
+    from agent_rl.training.serving.engines import HFEngine, SamplingParams
 
     model, tokenizer = smollm2
     prompts = chat_prompts(tokenizer, ["Name a color.", "You are in the hall. Exits: north, east. What do you do?"])
@@ -216,8 +216,8 @@ def test_smollm2_policy_gradient_step_moves_logprobs_the_advantages_way(smollm2)
     import numpy as np
 
     from agent_rl.losses import LOSS_PRESETS
-    from training.serving.engines import HFEngine, SamplingParams
-    from training.loop.learner import accumulate_policy_gradient, sequence_logprobs
+    from agent_rl.training.serving.engines import HFEngine, SamplingParams
+    from agent_rl.training.loop.learner import accumulate_policy_gradient, sequence_logprobs
 
     model, tokenizer = smollm2
     learner = copy.deepcopy(model).train()
@@ -250,9 +250,9 @@ def test_smollm2_policy_gradient_step_moves_logprobs_the_advantages_way(smollm2)
 @pytest.mark.parametrize("weights", ["full", "lora"])
 def test_smollm2_trains_one_iteration(smollm2, tmp_path, weights):
     from agent_rl.config import load_config
-    from training.infra import checkpoint
-    from training.infra.logger import read_metrics
-    from training.loop.trainer import train
+    from agent_rl.training.infra import checkpoint
+    from agent_rl.training.infra.logger import read_metrics
+    from agent_rl.training.loop.trainer import train
 
     # The bundled recipe, shrunk: one warm-start step, one iteration of two 2-turn episodes; in
     # float32, where engine and learner logprobs agree exactly (bf16 rounds them apart).
@@ -283,8 +283,8 @@ def test_smollm2_trains_one_iteration(smollm2, tmp_path, weights):
 @pytest.mark.slow
 def test_smollm2_sokoban_recipe_trains_one_iteration_from_zero_shot(smollm2, tmp_path):
     from agent_rl.config import load_config
-    from training.infra.logger import read_metrics
-    from training.loop.trainer import train
+    from agent_rl.training.infra.logger import read_metrics
+    from agent_rl.training.loop.trainer import train
 
     config = load_config("smollm2-sokoban", overrides=[
         "engine=hf", f"trainer.run_dir={tmp_path}", "trainer.iterations=1",

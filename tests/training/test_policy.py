@@ -8,9 +8,9 @@ import threading
 import pytest
 import torch
 
-import training.models.embedded as embedded_module
-from training.models.embedded import CHAT_TEMPLATE, train_tokenizer
-from training.models.policy import PLAIN_CHAT_TEMPLATE, load_policy, policy_dir
+import agent_rl.training.models.embedded as embedded_module
+from agent_rl.training.models.embedded import CHAT_TEMPLATE, train_tokenizer
+from agent_rl.training.models.policy import PLAIN_CHAT_TEMPLATE, load_policy, policy_dir
 
 
 @pytest.fixture(scope="module")

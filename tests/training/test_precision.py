@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from agent_rl.config import ConfigError, load_config
-from training.infra import distributed
-from training.infra.distributed import bf16_supported, check_precision, forward_precision
-from training.serving.engines import HFEngine, SamplingParams
-from training.loop.learner import accumulate_policy_gradient, sequence_logprobs
+from agent_rl.training.infra import distributed
+from agent_rl.training.infra.distributed import bf16_supported, check_precision, forward_precision
+from agent_rl.training.serving.engines import HFEngine, SamplingParams
+from agent_rl.training.loop.learner import accumulate_policy_gradient, sequence_logprobs
 
 CPU = torch.device("cpu")
 BF16_TOLERANCE = 0.05
@@ -124,8 +124,8 @@ def test_bf16_is_refused_where_the_device_cannot_run_it(monkeypatch, tmp_path):
     assert not bf16_supported(CPU)
     with pytest.raises(ValueError, match="AVX512-BF16 or AMX"):
         check_precision("bf16", CPU)
-    from training.serving.envpool import env_factory
-    from training.loop.trainer import Trainer
+    from agent_rl.training.serving.envpool import env_factory
+    from agent_rl.training.loop.trainer import Trainer
 
     config = load_config(overrides=["policy.precision=bf16", f"trainer.run_dir={tmp_path}", "engine=hf", "sft.mode=none",
                                     "logging.console=false"])
@@ -141,9 +141,9 @@ def test_auto_precision_is_bf16_where_the_device_runs_it_and_the_run_records_the
     import yaml
     from rich.console import Console
 
-    from training.infra.resolution import resolve
-    from training.loop.trainer import Trainer
-    from training.serving.envpool import env_factory
+    from agent_rl.training.infra.resolution import resolve
+    from agent_rl.training.loop.trainer import Trainer
+    from agent_rl.training.serving.envpool import env_factory
 
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from training.models.embedded import train_tokenizer
+from agent_rl.training.models.embedded import train_tokenizer
 from agent_rl.config import ACTION_PARSERS, RolloutConfig, check_rollout
-from training.models.prompts import PARSERS, SYSTEM_ACTION_TAG, SYSTEM_FIRST_LINE, PromptFormat, Turn, template_corpus
+from agent_rl.training.models.prompts import PARSERS, SYSTEM_ACTION_TAG, SYSTEM_FIRST_LINE, PromptFormat, Turn, template_corpus
 
 
 def build_messages(task, history, observation, admissible, **fields):

@@ -1,10 +1,10 @@
-"""``training.infra.resolution.resolve``: every choice a config leaves open, made once."""
+"""``agent_rl.training.infra.resolution.resolve``: every choice a config leaves open, made once."""
 
 from __future__ import annotations
 
-import training.infra.resolution as resolution
+import agent_rl.training.infra.resolution as resolution
 from agent_rl.config import Config, config_to_dict, load_config, save_config
-from training.infra.resolution import resolve
+from agent_rl.training.infra.resolution import resolve
 
 
 def test_resolve_makes_every_open_choice_once(monkeypatch):

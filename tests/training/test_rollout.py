@@ -8,13 +8,13 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from envs import register_text_env
+from agent_rl.envs import register_text_env
 from agent_rl.config import RolloutConfig
-from training.serving.engines import Completion, HFEngine, SamplingParams
-from training.serving.envpool import RegisteredEnv
-from training.loop.evaluation import evaluate
-from training.loop.learner import sequence_logprobs
-from training.loop.rollout import collect_rollouts, overlong_shaping
+from agent_rl.training.serving.engines import Completion, HFEngine, SamplingParams
+from agent_rl.training.serving.envpool import RegisteredEnv
+from agent_rl.training.loop.evaluation import evaluate
+from agent_rl.training.loop.learner import sequence_logprobs
+from agent_rl.training.loop.rollout import collect_rollouts, overlong_shaping
 
 
 def one_round(**kwargs) -> RolloutConfig:
@@ -173,8 +173,8 @@ def test_history_observations_reach_the_prompts(policy, history_observations):
 
 @pytest.mark.parametrize("system_prompt", [None, ""])
 def test_system_prompt_reaches_rollout_and_warm_start_prompts_alike(policy, system_prompt):
-    from training.loop.rollout import draw_seeds
-    from training.loop.sft import collect_demonstrations
+    from agent_rl.training.loop.rollout import draw_seeds
+    from agent_rl.training.loop.sft import collect_demonstrations
 
     _, tokenizer = policy
     config = one_round(n_groups=1, group_size=1, max_turns=2, history_turns=1, system_prompt=system_prompt)
@@ -314,7 +314,7 @@ def test_rollout_config_is_validated(policy):
 
 def test_rollouts_take_any_environment_factory_or_a_pool(policy):
     """A plain class (no registration) is a factory; a pool is reused and must be big enough."""
-    from training.serving.envpool import LocalEnvPool
+    from agent_rl.training.serving.envpool import LocalEnvPool
 
     _, tokenizer = policy
     config = one_round(n_groups=2, group_size=2, max_turns=3)
@@ -330,7 +330,7 @@ def test_rollouts_take_any_environment_factory_or_a_pool(policy):
 
 def test_context_anchor_keys_follow_the_prompt_history():
     from agent_rl.batch import StepBatch
-    from training.loop.rollout import anchor_keys
+    from agent_rl.training.loop.rollout import anchor_keys
 
     # One trajectory revisits state s0 after different actions; a prompt with one history turn
     # tells the two visits apart, a prompt with none does not.

@@ -13,10 +13,10 @@ import torch
 
 import user_env_example  # noqa: F401  (registers usertest/Counter-v0)
 from agent_rl.config import RolloutConfig
-from envs import oracle_actions
-from training.serving.envpool import RegisteredEnv
-from training.models.prompts import PromptFormat, Turn
-from training.loop.sft import Demonstrations, collect_demonstrations, scheduled_lr, supervised_step, train_supervised
+from agent_rl.envs import oracle_actions
+from agent_rl.training.serving.envpool import RegisteredEnv
+from agent_rl.training.models.prompts import PromptFormat, Turn
+from agent_rl.training.loop.sft import Demonstrations, collect_demonstrations, scheduled_lr, supervised_step, train_supervised
 
 COUNTER = RegisteredEnv("usertest/Counter-v0", {"max_target": 5, "max_steps": 40})
 
@@ -219,7 +219,7 @@ def test_cosine_schedule_warms_up_then_decays_towards_zero():
 
 
 def test_supervised_training_steps_with_the_scheduled_learning_rate(monkeypatch):
-    import training.loop.sft as sft
+    import agent_rl.training.loop.sft as sft
 
     seen = []
     step = sft.supervised_step
@@ -242,7 +242,7 @@ def test_warm_start_warns_when_demonstrated_replies_exceed_the_generation_limit(
     from rich.console import Console
 
     from agent_rl.config import load_config
-    from training.loop.sft import warm_start
+    from agent_rl.training.loop.sft import warm_start
 
     model, tokenizer = policy
     config = load_config(overrides=[
@@ -267,7 +267,7 @@ class _Scripted:
         self.format = PromptFormat.from_rollout(RolloutConfig(max_turns=40, history_turns=40, max_prompt_tokens=2048))
 
     def act(self, episodes):
-        from training.loop.rollout import Move
+        from agent_rl.training.loop.rollout import Move
 
         return [
             Move(self.action, self.format.prompt_ids(self.tokenizer, e.task, e.history, e.observation, e.admissible_actions),
@@ -278,9 +278,9 @@ class _Scripted:
 
 @pytest.mark.parametrize("played, won", [("dec", False), ("inc", True)])
 def test_dagger_plays_the_policy_and_clones_the_oracle_from_where_it_led(tokenizer, played, won):
-    from training.serving.envpool import env_pool
-    from training.loop.rollout import PlayStats, play_episodes
-    from training.loop.sft import OracleLabeller, demonstrations_of
+    from agent_rl.training.serving.envpool import env_pool
+    from agent_rl.training.loop.rollout import PlayStats, play_episodes
+    from agent_rl.training.loop.sft import OracleLabeller, demonstrations_of
 
     config = RolloutConfig(max_turns=6, history_turns=40, max_prompt_tokens=2048)
     policy = _Scripted(tokenizer, played)
@@ -298,8 +298,8 @@ def test_dagger_plays_the_policy_and_clones_the_oracle_from_where_it_led(tokeniz
 
 
 def test_dagger_does_not_label_a_turn_without_a_winning_plan(tokenizer):
-    from training.loop.rollout import Episode
-    from training.loop.sft import OracleLabeller
+    from agent_rl.training.loop.rollout import Episode
+    from agent_rl.training.loop.sft import OracleLabeller
 
     class NoPlanForSlotZero:
         def oracle(self, slots):
@@ -316,8 +316,8 @@ def test_dagger_does_not_label_a_turn_without_a_winning_plan(tokenizer):
 
 
 def test_collect_dagger_plays_the_engine_greedily_in_batches(policy):
-    from training.serving.engines import HFEngine
-    from training.loop.sft import collect_dagger
+    from agent_rl.training.serving.engines import HFEngine
+    from agent_rl.training.loop.sft import collect_dagger
 
     model, tokenizer = policy
     config = RolloutConfig(max_turns=3, history_turns=3, max_prompt_tokens=2048, max_new_tokens=4)
@@ -333,7 +333,7 @@ def test_collect_dagger_plays_the_engine_greedily_in_batches(policy):
 
 
 def test_supervised_training_draws_half_of_each_batch_from_the_dagger_pairs_after_the_round(monkeypatch):
-    import training.loop.sft as sft
+    import agent_rl.training.loop.sft as sft
 
     batches, modes = [], []
     step = sft.supervised_step
@@ -367,8 +367,8 @@ def test_warm_start_runs_the_dagger_round_on_the_engine(policy):
     import copy
 
     from agent_rl.config import load_config
-    from training.serving.engines import HFEngine
-    from training.loop.sft import warm_start
+    from agent_rl.training.serving.engines import HFEngine
+    from agent_rl.training.loop.sft import warm_start
 
     model, tokenizer = policy
     config = load_config(overrides=[
@@ -400,7 +400,7 @@ class _Replies:
         self.tokenizer, self.texts, self.calls = tokenizer, texts, 0
 
     def generate(self, prompts, n, sampling):
-        from training.serving.engines import Completion
+        from agent_rl.training.serving.engines import Completion
 
         out = []
         for _ in prompts:
@@ -414,7 +414,7 @@ class _Replies:
 
 
 def test_format_accuracy_is_the_share_of_replies_naming_a_listed_action(tokenizer):
-    from training.loop.sft import format_accuracy
+    from agent_rl.training.loop.sft import format_accuracy
 
     probes = Demonstrations([[1, 2], [1, 3], [1, 4], [1, 5]], [[6]] * 4, 4, 0, [["inc", "dec"]] * 3 + [None])
     engine = _Replies(tokenizer, ["inc", "jump", "dec", "inc"])
@@ -434,7 +434,7 @@ def _random_warm_start_config(*extra):
 def test_the_random_warm_start_stops_at_the_first_check_that_reaches_the_format_target(policy, monkeypatch):
     import copy
 
-    import training.loop.sft as sft
+    import agent_rl.training.loop.sft as sft
 
     model, tokenizer = policy
     measured = iter([0.2, 0.6, 0.96, 1.0])
@@ -456,7 +456,7 @@ def test_the_random_warm_start_stops_at_the_first_check_that_reaches_the_format_
 def test_the_random_warm_start_clones_every_step_without_a_target_and_stops_at_the_time_bound(policy):
     import copy
 
-    from training.loop.sft import warm_start
+    from agent_rl.training.loop.sft import warm_start
 
     model, tokenizer = policy
     full = warm_start(copy.deepcopy(model), tokenizer, COUNTER, _random_warm_start_config("sft.format_target=null", "sft.steps=30"))
@@ -468,7 +468,7 @@ def test_the_random_warm_start_clones_every_step_without_a_target_and_stops_at_t
 def test_a_small_demonstration_set_holds_out_half_of_its_pairs(policy, monkeypatch):
     import copy
 
-    import training.loop.sft as sft
+    import agent_rl.training.loop.sft as sft
 
     model, tokenizer = policy
     seen_probes = []

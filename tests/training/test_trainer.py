@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from agent_rl.config import ConfigError, load_config
-from training.infra import checkpoint
-from training.infra.logger import read_metrics
-from training.loop.trainer import NONFINITE_STOP, NonFiniteUpdates, Trainer, train
+from agent_rl.training.infra import checkpoint
+from agent_rl.training.infra.logger import read_metrics
+from agent_rl.training.loop.trainer import NONFINITE_STOP, NonFiniteUpdates, Trainer, train
 
 TESTS = Path(__file__).resolve().parents[1]  # tests/, which holds user_env_example.py
 # Two rooms, no doors: the goal item lies one move away. Small enough for seconds-long runs.
@@ -235,8 +235,8 @@ def test_a_signal_stops_the_run_with_how_to_go_on_and_resume_auto_finishes_it_ex
 def test_only_rank_zero_decides_whether_the_run_directory_is_taken(tmp_path, monkeypatch):
     """Rank 0 writes its iteration-0 checkpoint before a slow rank 1 may look; rank 1 must follow rank
     0's "fresh directory" verdict instead of refusing the checkpoint rank 0 just wrote (CI race)."""
-    import training.loop.trainer as trainer_module
-    from training.infra.distributed import DistContext
+    import agent_rl.training.loop.trainer as trainer_module
+    from agent_rl.training.infra.distributed import DistContext
 
     run_dir = tmp_path / "run"
     train(load_config(overrides=tiny_overrides(run_dir, "trainer.iterations=0")))
@@ -304,8 +304,8 @@ class _GuessEnv(gym.Env):
 
 @pytest.mark.slow
 def test_trainer_takes_a_model_tokenizer_engine_and_environment_factory(tmp_path):
-    from training.serving.engines import HFEngine
-    from training.models.policy import load_policy
+    from agent_rl.training.serving.engines import HFEngine
+    from agent_rl.training.models.policy import load_policy
 
     model, tokenizer = load_policy("embedded")
     engine = HFEngine(model, tokenizer, seed=7)
@@ -340,7 +340,7 @@ def test_trainer_takes_a_model_tokenizer_engine_and_environment_factory(tmp_path
     ],
 )
 def test_the_stopping_rule_lets_the_confirmation_decide(metrics, target, reached):
-    from training.loop.evaluation import target_reached
+    from agent_rl.training.loop.evaluation import target_reached
 
     assert target_reached(metrics, target) is reached
 
@@ -448,7 +448,7 @@ def small_policy_dir(tmp_path_factory) -> Path:
     fast enough to learn within a test."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from training.models.policy import load_policy
+    from agent_rl.training.models.policy import load_policy
 
     embedded, tokenizer = load_policy("embedded")
     torch.manual_seed(0)
@@ -471,10 +471,10 @@ def test_learning_is_real_on_a_tiny_maze(tmp_path, small_policy_dir):
     # learn the task. The 2-room Maze has 4 layouts and 3 of them are held out, so a 0.15M-parameter
     # policy that learns its one training layout still fails the held-out ones: the test measures
     # greedy success on training seeds, before (the sft checkpoint) and after (the last).
-    from training.serving.engines import make_engine
-    from training.serving.envpool import env_factory
-    from training.loop.evaluation import evaluate
-    from training.models.policy import load_policy
+    from agent_rl.training.serving.engines import make_engine
+    from agent_rl.training.serving.envpool import env_factory
+    from agent_rl.training.loop.evaluation import evaluate
+    from agent_rl.training.models.policy import load_policy
 
     run_dir = tmp_path / "learn"
     overrides = [
@@ -505,7 +505,7 @@ def test_learning_is_real_on_a_tiny_maze(tmp_path, small_policy_dir):
 
 def _greedy_player(outcomes, calls):
     """A greedy evaluation with one fixed outcome per held-out seed; records the seeds of each call."""
-    from envs import EVAL_SEED_BASE
+    from agent_rl.envs import EVAL_SEED_BASE
 
     def play(seeds):
         calls.append([s - EVAL_SEED_BASE for s in seeds])
@@ -524,7 +524,7 @@ def _greedy_player(outcomes, calls):
     ],
 )
 def test_the_confirmation_extends_the_periodic_evaluation_while_the_target_is_within_reach(losses, expected_calls, expected):
-    from training.loop.evaluation import confirm
+    from agent_rl.training.loop.evaluation import confirm
 
     outcomes = [i not in losses for i in range(128)]
     calls = []
@@ -533,7 +533,7 @@ def test_the_confirmation_extends_the_periodic_evaluation_while_the_target_is_wi
 
 
 def test_the_confirmation_plays_a_short_last_chunk_and_needs_a_periodic_evaluation():
-    from training.loop.evaluation import confirm
+    from agent_rl.training.loop.evaluation import confirm
 
     calls = []
     assert confirm(_greedy_player([True] * 100, calls), 32, 32, 100, 0.9)["eval/confirm_greedy_episodes"] == 100.0
@@ -545,7 +545,7 @@ def test_the_confirmation_plays_a_short_last_chunk_and_needs_a_periodic_evaluati
 @settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_the_confirmation_decides_as_a_fresh_evaluation_of_every_seed(data):
-    from training.loop.evaluation import confirm, target_reached
+    from agent_rl.training.loop.evaluation import confirm, target_reached
 
     episodes = data.draw(st.integers(2, 80))
     played = data.draw(st.integers(1, episodes - 1))

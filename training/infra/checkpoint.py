@@ -41,7 +41,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from agent_rl.config import respelled
-from training.infra.distributed import broadcast_flag
+from agent_rl.training.infra.distributed import broadcast_flag
 
 FORMAT_VERSION = 1
 CHECKPOINTS = "checkpoints"
@@ -239,7 +239,7 @@ def load_model_weights(model: torch.nn.Module, model_dir: Path) -> None:
 
     Parameters tied to a loaded tensor (shared storage, e.g. tied embeddings) may be absent from the
     file, as ``save_pretrained`` drops them."""
-    from training.models.policy import ADAPTER_CONFIG, is_lora
+    from agent_rl.training.models.policy import ADAPTER_CONFIG, is_lora
 
     model_dir = Path(model_dir)
     holds_adapter = (model_dir / ADAPTER_CONFIG).is_file()
@@ -371,7 +371,7 @@ def _write_checkpoint_files(directory: Path, iteration: int, *, model, tokenizer
 def checkpoint_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> int:
     """About the bytes one checkpoint takes on disk: the weights it holds (the adapter alone under
     LoRA, tied tensors once) and the optimizer's tensors; the tokenizer and JSON files come on top."""
-    from training.models.policy import is_lora
+    from agent_rl.training.models.policy import is_lora
 
     weights = [p for p in model.parameters() if p.requires_grad] if is_lora(model) else model.state_dict().values()
     sizes = {t.data_ptr(): t.numel() * t.element_size() for t in weights}
@@ -598,7 +598,7 @@ def resume_run(
     A missing or corrupt checkpoint is refused, never replaced by another: the error names the
     run's intact checkpoints and the command that resumes from each."""
     from agent_rl.config import config_from_dict, config_to_dict
-    from training.infra.resolution import resolve
+    from agent_rl.training.infra.resolution import resolve
 
     try:
         found = find_checkpoint(run_dir, which)

@@ -10,9 +10,9 @@ import copy
 import importlib
 from typing import Any, Callable
 
-import envs
+from agent_rl import envs
 from agent_rl.config import Config, ConfigError, EnvConfig, resolve_algorithm, validate
-from training.infra.distributed import bf16_supported, resolve_device
+from agent_rl.training.infra.distributed import bf16_supported, resolve_device
 
 
 def vllm_available() -> bool:
@@ -25,7 +25,7 @@ def vllm_available() -> bool:
 
 
 def default_anchor_key(env_id: str) -> str:
-    """The anchor key kind registered for ``env_id`` (``envs.register_text_env``; ``module:ns/Name-vN``
+    """The anchor key kind registered for ``env_id`` (``agent_rl.envs.register_text_env``; ``module:ns/Name-vN``
     imports ``module`` first); ``observation`` for any other environment (a plain Gymnasium env, or a
     label for a user's environment factory)."""
     spec = envs.text_env_specs().get(envs.registry_id(env_id))
@@ -64,7 +64,7 @@ def resolve(config: Config, make_env: Callable[[], Any] | None = None) -> Config
     - ``engine.kind``: ``auto`` is ``vllm`` when it imports, else ``hf``;
     - ``policy.precision``: ``auto`` is ``bf16`` where ``policy.device`` runs it natively, else ``fp32``;
     - ``env.anchor_key``: None is the environment's registered default (after ``env.imports``);
-    - ``sft.mode``: ``auto`` is ``envs.auto_sft_mode`` of one environment from ``make_env`` (the
+    - ``sft.mode``: ``auto`` is ``agent_rl.envs.auto_sft_mode`` of one environment from ``make_env`` (the
       trainer's environment factory, which takes it back when it has a ``keep(env)`` method) or,
       without one, of :func:`make_configured_env`;
     - ``algo``: the preset's parts (:func:`resolve_algorithm`), with Dr.GRPO's ``norm_length`` set to

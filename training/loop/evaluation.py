@@ -1,7 +1,7 @@
 """Evaluation on held-out seeds: during training (greedy, sampled, and a confirmation before
 stopping at the target), and of a finished run or model directory (``agent-rl eval``).
 
-Seeds from ``envs.EVAL_SEED_BASE`` (2**31) on are evaluation seeds: training draws its seeds below
+Seeds from ``agent_rl.envs.EVAL_SEED_BASE`` (2**31) on are evaluation seeds: training draws its seeds below
 them and no environment reaches a training instance from one, so evaluation is always held out.
 """
 
@@ -15,12 +15,12 @@ from typing import Any, Callable, Sequence
 from rich.console import Console
 
 from agent_rl.config import Config, RolloutConfig, load_config, load_default_config
-from envs import EVAL_SEED_BASE
-from training.serving.engines import Engine, engine_from_config
-from training.serving.envpool import EnvFactory, EnvPool, env_factory, env_pool
-from training.models.prompts import PromptFormat
-from training.infra.resolution import resolve
-from training.loop.rollout import SEED_HIGH, PlayStats, PolicyActor, episode_stats, play_episodes, sampling_params
+from agent_rl.envs import EVAL_SEED_BASE
+from agent_rl.training.serving.engines import Engine, engine_from_config
+from agent_rl.training.serving.envpool import EnvFactory, EnvPool, env_factory, env_pool
+from agent_rl.training.models.prompts import PromptFormat
+from agent_rl.training.infra.resolution import resolve
+from agent_rl.training.loop.rollout import SEED_HIGH, PlayStats, PolicyActor, episode_stats, play_episodes, sampling_params
 
 assert EVAL_SEED_BASE > SEED_HIGH  # training seeds are drawn below SEED_HIGH
 
@@ -126,9 +126,9 @@ def evaluate_policy(
     """Evaluate a run directory (its ``best``/``last`` checkpoint, its config) or a model directory
     (the default recipe's config, ``agent_rl.config.load_default_config``) on held-out seeds; returns
     the eval metrics (``agent-rl eval``)."""
-    from training.infra import checkpoint
-    from training.infra.distributed import resolve_device
-    from training.models.policy import load_policy
+    from agent_rl.training.infra import checkpoint
+    from agent_rl.training.infra.distributed import resolve_device
+    from agent_rl.training.models.policy import load_policy
 
     target = Path(target)
     console = console or Console()

@@ -26,9 +26,9 @@ from rich.progress import Progress
 from agent_rl.batch import StepBatch
 from agent_rl.config import Config
 from agent_rl.losses import policy_loss
-from training.infra.checkpoint import load_model_weights
-from training.infra.distributed import DistContext, all_reduce_gradients, broadcast_ragged, forward_precision
-from training.models.policy import is_lora
+from agent_rl.training.infra.checkpoint import load_model_weights
+from agent_rl.training.infra.distributed import DistContext, all_reduce_gradients, broadcast_ragged, forward_precision
+from agent_rl.training.models.policy import is_lora
 
 
 # ---- teacher-forced logprobs --------------------------------------------------------------------------
@@ -70,7 +70,7 @@ def response_logits(
     forward passes. The rest of each prompt is left-padded and its response right-padded, so every
     response starts at the same column and only the last ``T + 1`` positions need logits. Gradients
     flow when grad mode is on. ``precision`` ``bf16`` runs the body under bfloat16 autocast and the
-    output head in float32 (``training.infra.distributed.forward_precision``)."""
+    output head in float32 (``agent_rl.training.infra.distributed.forward_precision``)."""
     if len(prompt_ids_list) != len(response_ids_list):
         raise ValueError(f"{len(prompt_ids_list)} prompts but {len(response_ids_list)} responses")
     if any(len(p) == 0 for p in prompt_ids_list):

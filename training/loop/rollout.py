@@ -2,7 +2,7 @@
 
 ``play_episodes`` is the one loop that plays episodes in a pool of environments, whoever chooses
 the actions: an ``actor`` answers every active episode of a turn at once. :class:`PolicyActor`
-prompts an engine (rollouts, evaluation); ``training.loop.sft``'s demonstration actor plays oracle plans
+prompts an engine (rollouts, evaluation); ``agent_rl.training.loop.sft``'s demonstration actor plays oracle plans
 or random admissible actions (warm-start demonstrations).
 
 ``collect_rollouts`` runs ``n_groups x group_size`` environments. The members of a group reset with
@@ -42,10 +42,10 @@ import numpy as np
 
 from agent_rl.batch import StepBatch
 from agent_rl.config import RolloutConfig, check_rollout
-from anchors import compute_anchor_keys
-from training.serving.engines import Engine, SamplingParams
-from training.serving.envpool import EnvFactory, EnvPool, EnvResult, env_pool
-from training.models.prompts import PromptFormat, Turn
+from agent_rl.anchors import compute_anchor_keys
+from agent_rl.training.serving.engines import Engine, SamplingParams
+from agent_rl.training.serving.envpool import EnvFactory, EnvPool, EnvResult, env_pool
+from agent_rl.training.models.prompts import PromptFormat, Turn
 
 SEED_HIGH = 2**31 - 1
 
@@ -196,7 +196,7 @@ def _fail(episode: Episode, failure: str) -> None:
 def contract_breach(call: str, turn: int, result: EnvResult) -> str | None:
     """Why ``result`` of ``call`` (``reset`` or ``step``) for ``turn`` breaks the text-environment
     contract (an observation that is not a string, a reward that is not finite), in the form of an
-    environment failure (``training.serving.envpool``); None when it keeps it."""
+    environment failure (``agent_rl.training.serving.envpool``); None when it keeps it."""
     if not isinstance(result.observation, str):
         what = f"an observation of type {type(result.observation).__name__}, not str"
     elif not np.isfinite(result.reward):

@@ -2,10 +2,10 @@
 
 ``random`` clones uniformly random admissible actions: the model learns to answer with one valid
 command in the prompt format of the rollouts, but nothing about which command wins, so RL has the
-whole task left to learn. ``oracle`` clones the environments' oracle plans (``envs.oracle_actions``),
+whole task left to learn. ``oracle`` clones the environments' oracle plans (``agent_rl.envs.oracle_actions``),
 optionally followed by a DAgger round in which the clone plays and the oracle labels the states it
 reached (:class:`OracleLabeller`). Demonstrations are played by the rollouts' episode loop
-(``training.loop.rollout.play_episodes``) with a :class:`DemonstrationActor` in place of the policy, so
+(``agent_rl.training.loop.rollout.play_episodes``) with a :class:`DemonstrationActor` in place of the policy, so
 their prompts are built exactly like rollout prompts, and the response is the action followed by the
 tokenizer's EOS, as the engines generate it.
 """
@@ -25,11 +25,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from agent_rl.config import SFT_MODES, Config, RolloutConfig
-from training.serving.envpool import EnvFactory, EnvPool, env_pool
-from training.loop.learner import response_logits, warmup_lr
-from training.models.prompts import PromptFormat
-from training.serving.engines import Engine, HFEngine
-from training.loop.rollout import Episode, Move, PlayStats, PolicyActor, draw_seeds, play_episodes, sampling_params
+from agent_rl.training.serving.envpool import EnvFactory, EnvPool, env_pool
+from agent_rl.training.loop.learner import response_logits, warmup_lr
+from agent_rl.training.models.prompts import PromptFormat
+from agent_rl.training.serving.engines import Engine, HFEngine
+from agent_rl.training.loop.rollout import Episode, Move, PlayStats, PolicyActor, draw_seeds, play_episodes, sampling_params
 
 FORMAT_CHECK_EVERY = 25
 """Cloning steps between two measurements of the format accuracy (``sft.format_target``)."""
@@ -50,7 +50,7 @@ class Demonstrations:
     admissible: list[list[str] | None] = field(default_factory=list)
     """The admissible actions each prompt listed (None where the environment lists none)."""
     failures: list[str] = field(default_factory=list)
-    """Why each episode whose environment raised failed (``training.serving.envpool``'s form)."""
+    """Why each episode whose environment raised failed (``agent_rl.training.serving.envpool``'s form)."""
 
     def __len__(self) -> int:
         return len(self.prompts)

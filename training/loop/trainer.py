@@ -29,20 +29,20 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from agent_rl.advantages import compute_advantages
 from agent_rl.config import Config, ConfigError, config_to_dict, save_config
-from envs import AUTO_SFT_REASONS
-from training.infra import checkpoint
-from training.infra.distributed import (
+from agent_rl.envs import AUTO_SFT_REASONS
+from agent_rl.training.infra import checkpoint
+from agent_rl.training.infra.distributed import (
     broadcast_flag, broadcast_parameters, check_precision, init_distributed, resolve_device, shutdown_distributed,
 )
-from training.serving.engines import Engine, engine_from_config
-from training.serving.envpool import EnvFactory, env_factory, failure_kind, pool_from_config
-from training.loop.evaluation import evaluate_heldout, target_reached
-from training.loop.learner import Learner
-from training.infra.logger import RunLogger
-from training.models.policy import add_lora, is_lora
-from training.infra.resolution import resolve
-from training.loop.rollout import anchor_keys, collect_rollouts
-from training.loop.sft import warm_start
+from agent_rl.training.serving.engines import Engine, engine_from_config
+from agent_rl.training.serving.envpool import EnvFactory, env_factory, failure_kind, pool_from_config
+from agent_rl.training.loop.evaluation import evaluate_heldout, target_reached
+from agent_rl.training.loop.learner import Learner
+from agent_rl.training.infra.logger import RunLogger
+from agent_rl.training.models.policy import add_lora, is_lora
+from agent_rl.training.infra.resolution import resolve
+from agent_rl.training.loop.rollout import anchor_keys, collect_rollouts
+from agent_rl.training.loop.sft import warm_start
 
 RESUME_MAY_CHANGE = ("trainer.iterations", "trainer.run_dir", "trainer.target_success", "trainer.confirm_episodes", "trainer.torch_threads", "logging", "engine", "scale")
 """Config keys a resumed run may change; any other difference refuses the checkpoint."""
@@ -102,7 +102,7 @@ class Trainer:
         console: Console | None = None,
         on_iteration: Callable[[int, dict[str, float]], None] | None = None,
     ) -> None:
-        """``config`` is resolved here (``training.infra.resolution.resolve``). ``engine`` generates with
+        """``config`` is resolved here (``agent_rl.training.infra.resolution.resolve``). ``engine`` generates with
         ``model``'s weights (synced after every update); None builds ``config.engine``'s.
         With ``policy.lora_rank`` > 0 a model without adapters gets fresh LoRA adapters (peft injects
         them into its modules) and only they train.
@@ -172,7 +172,7 @@ class Trainer:
         and torch with ``trainer.seed`` first. ``kwargs`` go to the constructor (``resume``, ...)."""
         from transformers.utils import logging as hf_logging
 
-        from training.models.policy import load_policy
+        from agent_rl.training.models.policy import load_policy
 
         hf_logging.disable_progress_bar()  # our own progress display replaces the per-shard bars
         make_env = make_env or env_factory(config)  # the constructor resolves the config
@@ -273,7 +273,7 @@ class Trainer:
                                    f"({self._how_to_go_on()})")
 
     def evaluate(self, progress: Progress) -> dict[str, float]:
-        """Held-out evaluation (``training.loop.evaluation.evaluate_heldout``), timed."""
+        """Held-out evaluation (``agent_rl.training.loop.evaluation.evaluate_heldout``), timed."""
         metrics: dict[str, float] = {}
         with timed(metrics, "time/eval"):
             metrics.update(evaluate_heldout(self.pool, self.engine, self.tokenizer, self.config, progress))

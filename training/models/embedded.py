@@ -53,7 +53,7 @@ def embedded_policy_dir(root: Path, env_ids: list[str] | None = None) -> Path:
     config = json.loads(POLICY_CONFIG.read_text())
     env_ids, env_digests = covered_envs(env_ids if env_ids is not None else config["tokenizer"]["envs"])
     # The build code and the prompt templates are part of the key: editing them rebuilds.
-    code = {name: _source_digest(name) for name in ("training.models.embedded", "training.models.prompts")}
+    code = {name: _source_digest(name) for name in ("agent_rl.training.models.embedded", "agent_rl.training.models.prompts")}
     key_material = json.dumps({"config": config, "envs": env_digests, "code": code}, sort_keys=True)
     key = hashlib.sha256(key_material.encode()).hexdigest()[:16]
     target = root / f"embedded-{key}"
@@ -76,7 +76,7 @@ def covered_envs(env_ids: list[str]) -> tuple[list[str], dict[str, str]]:
     """Those of ``env_ids`` whose entry point imports, with a digest of each one's source module."""
     import gymnasium as gym
 
-    from envs import text_env_spec
+    from agent_rl.envs import text_env_spec
 
     ids, digests = [], {}
     for env_id in env_ids:
@@ -104,7 +104,7 @@ def build_embedded_policy(directory: Path, config: dict[str, Any], env_ids: list
     """Train the tokenizer, initialize the model (seeded) and ``save_pretrained`` both to ``directory``."""
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from training.models.prompts import template_corpus
+    from agent_rl.training.models.prompts import template_corpus
 
     settings = config["tokenizer"]
     texts = template_corpus() + sample_env_text(
@@ -180,7 +180,7 @@ def sample_env_text(
     for env_id in env_ids:
         env_texts: list[str] = []
         try:
-            from envs import oracle_actions
+            from agent_rl.envs import oracle_actions
 
             env = gym.make(env_id)
             for episode in range(overrides.get(env_id, episodes_per_env)):

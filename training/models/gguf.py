@@ -96,7 +96,7 @@ def gguf_architecture_supported(architecture: str) -> bool:
 def convert_gguf(source: Path, directory: Path) -> None:
     """Dequantize the GGUF file ``source`` to float32 and write it to ``directory`` as a Hugging Face
     model: safetensors, config, generation config, tokenizer and chat template."""
-    from training.models.known import GGUF_REQUIREMENTS, missing_requirements
+    from agent_rl.training.models.known import GGUF_REQUIREMENTS, missing_requirements
 
     if missing := missing_requirements():
         raise ImportError(

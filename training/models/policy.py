@@ -1,13 +1,13 @@
 """The policy: ``(model, tokenizer)`` from the embedded tiny model, a known model, a GGUF file or a
 local Hugging Face model directory, and the LoRA adapters a run may train on it.
 
-``load_policy("embedded")`` builds the embedded model once and caches it (``training.models.embedded``).
+``load_policy("embedded")`` builds the embedded model once and caches it (``agent_rl.training.models.embedded``).
 ``load_policy(path)`` loads any local model directory with its own chat template; a LoRA checkpoint
 directory (``adapter_config.json``, written by a run with ``policy.lora_rank`` > 0) loads as its base
 model with the adapter merged in. ``load_policy("smollm2-135m-instruct")`` (a name from
-``training.models.known.KNOWN_MODELS``, installed with ``agent-rl models install NAME``) and
+``agent_rl.training.models.known.KNOWN_MODELS``, installed with ``agent-rl models install NAME``) and
 ``load_policy("/path/to/model.gguf")`` read a GGUF file, converted once into a cached Hugging Face
-directory (``training.models.gguf``). Nothing is ever downloaded from a hub.
+directory (``agent_rl.training.models.gguf``). Nothing is ever downloaded from a hub.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from training.models.embedded import EMBEDDED, embedded_policy_dir
-from training.models.gguf import gguf_policy_dir
-from training.models.known import KNOWN_MODELS, model_file
+from agent_rl.training.models.embedded import EMBEDDED, embedded_policy_dir
+from agent_rl.training.models.gguf import gguf_policy_dir
+from agent_rl.training.models.known import KNOWN_MODELS, model_file
 
 # For local base models that ship no chat template: plain role headers, the model's own EOS.
 PLAIN_CHAT_TEMPLATE = (

@@ -14,9 +14,9 @@ reason: ``"stop"`` (a stop token was sampled; it is included in ``token_ids``) o
   object store (no shared filesystem needed); requests are split into contiguous, near-equal
   chunks, one per replica, and gathered in request order; ``update_weights`` puts the new state
   dict in the object store once and every replica loads it. (Environments scale out on Ray in
-  ``training.serving.envpool``.)
+  ``agent_rl.training.serving.envpool``.)
 
-The learner (``training.loop.learner.sequence_logprobs``) recomputes the same per-token logprobs with the
+The learner (``agent_rl.training.loop.learner.sequence_logprobs``) recomputes the same per-token logprobs with the
 training model, so ``old_logprobs`` from an engine and the learner's ``logp`` agree. With ``top_p < 1`` the engine's numbers include the nucleus renormalization that the learner does
 not apply: keep ``top_p = 1`` for on-policy RL.
 """
@@ -36,8 +36,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from training.infra.distributed import forward_precision
-from training.models.policy import serving_state_dict
+from agent_rl.training.infra.distributed import forward_precision
+from agent_rl.training.models.policy import serving_state_dict
 
 FINISH_REASONS = ("stop", "length")
 
@@ -115,7 +115,7 @@ class HFEngine:
         self.model = model
         self.precision = precision
         """``bf16``: generate with the body under bfloat16 autocast and the output head in float32, as the
-        learner's forward passes run (``training.infra.distributed.forward_precision``)."""
+        learner's forward passes run (``agent_rl.training.infra.distributed.forward_precision``)."""
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
         self.stop_ids = stop_token_ids(model, tokenizer)
         self.max_batch_size = max_batch_size
@@ -317,7 +317,7 @@ def write_untied_checkpoint(model: torch.nn.Module, directory: str) -> None:
 
 
 def make_engine(kind: str, model: torch.nn.Module, tokenizer, **kwargs) -> HFEngine | VLLMEngine:
-    """``kind`` ``hf`` or ``vllm``; ``kwargs`` go to the engine (``training.infra.resolution.resolve`` turns a
+    """``kind`` ``hf`` or ``vllm``; ``kwargs`` go to the engine (``agent_rl.training.infra.resolution.resolve`` turns a
     config's ``auto`` into one of them)."""
     if kind == "hf":
         return HFEngine(model, tokenizer, **kwargs)

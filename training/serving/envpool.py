@@ -32,8 +32,8 @@ from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkabl
 
 import gymnasium as gym
 
-from envs.registration import make_text_env, return_env
-from training.infra.resolution import make_configured_env
+from agent_rl.envs.registration import make_text_env, return_env
+from agent_rl.training.infra.resolution import make_configured_env
 
 
 @dataclass
@@ -60,7 +60,7 @@ class EnvPool(Protocol):
     """The environments' name, for progress displays."""
     n_envs: int
     has_oracle: bool
-    """Whether the environments give oracle plans (``envs.has_oracle``)."""
+    """Whether the environments give oracle plans (``agent_rl.envs.has_oracle``)."""
 
     def reset(self, slots: Sequence[int], seeds: Sequence[int]) -> list[EnvResult]: ...
 
@@ -104,7 +104,7 @@ class RegisteredEnv:
 def env_factory(config) -> RegisteredEnv:
     """The factory of ``config.env``. Its first environment is built here, so an unknown ``env.id``
     or ``env.kwargs`` the environment refuses is a ``ConfigError`` naming the key before anything
-    else starts (``training.infra.resolution.make_configured_env``); the factory keeps it as its spare."""
+    else starts (``agent_rl.training.infra.resolution.make_configured_env``); the factory keeps it as its spare."""
     factory = RegisteredEnv(config.env.id, dict(config.env.kwargs), tuple(config.env.imports))
     factory.keep(make_configured_env(config.env))
     return factory
@@ -171,7 +171,7 @@ class LocalEnvPool:
     docstring); ``abandoned`` counts those calls."""
 
     def __init__(self, make_env: EnvFactory, n_envs: int, *, timeout_s: float | None = None):
-        from envs import has_oracle
+        from agent_rl.envs import has_oracle
 
         if n_envs < 1:
             raise ValueError(f"n_envs must be >= 1, got {n_envs}")
@@ -231,9 +231,9 @@ class LocalEnvPool:
         return self._each("step", self._step_slot, slots, actions)
 
     def oracle(self, slots: Sequence[int]) -> list[list[str] | None]:
-        """A winning plan from each slot's current state (``envs.oracle_actions``); None for a slot
+        """A winning plan from each slot's current state (``agent_rl.envs.oracle_actions``); None for a slot
         whose environment is gone."""
-        from envs import oracle_actions
+        from agent_rl.envs import oracle_actions
 
         return [None if self._envs[slot] is None else oracle_actions(self._envs[slot]) for slot in slots]
 
@@ -289,7 +289,7 @@ class RayEnvPool:
     ):
         import ray
 
-        from envs import has_oracle
+        from agent_rl.envs import has_oracle
 
         if n_envs < 1 or n_actors < 1:
             raise ValueError(f"n_envs and n_actors must be >= 1, got {n_envs} and {n_actors}")
