@@ -1,6 +1,6 @@
 """Benchmark of the anchors package: keys + grouping, fingerprints, similarity clustering.
 
-Writes benchmarks/results/anchor_keys.json. Run: ``python -m benchmarks.anchor_keys`` (add ``--quick``
+Writes benchmarks/results/anchor_keys.json. Run: ``python -m agent_rl.benchmarks.anchor_keys`` (add ``--quick``
 for a small smoke run). Every corpus is synthetic but shaped like real rollouts and is generated from a
 fixed seed, so runs are comparable.
 """

@@ -11,8 +11,8 @@ two evaluations minus its iteration-0 evaluation. If it does not, no other cell 
 trained and the report says so. An environment marked ungated runs every seed whatever its pilot
 shows. The report gives the pilot's verdict and applies the gate's rule to the baseline on every seed.
 
-    python -m benchmarks.credit_assignment            # the full grid
-    python -m benchmarks.credit_assignment --quick    # a tiny grid in a few minutes (the test suite runs it)
+    python -m agent_rl.benchmarks.credit_assignment            # the full grid
+    python -m agent_rl.benchmarks.credit_assignment --quick    # a tiny grid in a few minutes (the test suite runs it)
     agent-rl bench credit [--quick] [--envs maze] [--methods gigpo-state] [--seeds 10] [--workers 2]
                           [--gate 15] [--out DIR] [--report]
 

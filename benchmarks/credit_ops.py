@@ -3,7 +3,7 @@
 Synthetic batches look like agent rollouts: groups of 8 trajectories of 5-15 turns, sparse terminal
 rewards, and anchor states drawn from a small per-group set so that states recur (revisits).
 
-    python -m benchmarks.credit_ops            # 10k, 100k, 1M rows -> benchmarks/results/credit_ops.json
+    python -m agent_rl.benchmarks.credit_ops            # 10k, 100k, 1M rows -> benchmarks/results/credit_ops.json
 
 ``graph_credit_s`` times graph credit (:func:`agent_rl.advantages.graph_progress` and
 ``graph_advantages``: step credit only, no episode term) on the same batches.

@@ -24,8 +24,8 @@ numbers), by per-seed differences against GRPO at the same group size, under two
 advantage scale: ``equal`` rescales each seed's batch to mean |A| = 1 (arms differ only in the
 direction of their advantages; the primary view), ``raw`` keeps each estimator's own scale.
 
-    python -m benchmarks.credit_testbed            # the full run (128 paired seeds)
-    python -m benchmarks.credit_testbed --quick    # a smoke run in seconds
+    python -m agent_rl.benchmarks.credit_testbed            # the full run (128 paired seeds)
+    python -m agent_rl.benchmarks.credit_testbed --quick    # a smoke run in seconds
     agent-rl bench testbed [--quick] [--envs maze,sokoban] [--arms grpo,gigpo] [--seeds N] [--out DIR]
 
 Outputs under ``--out`` (default ``benchmarks/results/credit_testbed``): ``summary.json``,

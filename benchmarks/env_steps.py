@@ -9,9 +9,9 @@ on its own). After timing, environments with an oracle play it on ``--oracle-epi
 ``--scienceworld-tasks N`` adds, per ScienceWorld task, reset time and gold-path success on N train
 variations, and how many gold steps are among the valid and the shown actions.
 
-    python -m benchmarks.env_steps                     # -> benchmarks/results/env_steps.json
-    python -m benchmarks.env_steps --seconds 2 --env agent_rl/Maze-v0
-    python -m benchmarks.env_steps --env agent_rl/ScienceWorld-v0 --env textarena/Sokoban-v0 --name envs_suites
+    python -m agent_rl.benchmarks.env_steps                     # -> benchmarks/results/env_steps.json
+    python -m agent_rl.benchmarks.env_steps --seconds 2 --env agent_rl/Maze-v0
+    python -m agent_rl.benchmarks.env_steps --env agent_rl/ScienceWorld-v0 --env textarena/Sokoban-v0 --name envs_suites
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ It checks and measures, in about 8 minutes on one GPU:
 - torch.distributed: a process group of world size 1 (NCCL on a GPU, gloo on the CPU), an all-reduce
   and a broadcast checked for their values, and the all-reduce's time.
 
-    python -m benchmarks.gpu_check --model smollm2-135m-instruct    # -> benchmarks/results/gpu/<gpu>-<date>.json
-    python -m benchmarks.gpu_check --dry-run --out /tmp/gpu         # the same code on the CPU, embedded model, seconds
+    python -m agent_rl.benchmarks.gpu_check --model smollm2-135m-instruct    # -> benchmarks/results/gpu/<gpu>-<date>.json
+    python -m agent_rl.benchmarks.gpu_check --dry-run --out /tmp/gpu         # the same code on the CPU, embedded model, seconds
 
 Without CUDA (and without ``--dry-run``) it says so in one line and exits with status 2. The GPU
 image needs torch and transformers, plus the project's pure-Python requirements (gymnasium, and gguf

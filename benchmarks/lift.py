@@ -8,8 +8,8 @@ held-out episodes greedily and sampled at the rollout temperature, then the RL i
 the same way every ``eval_every`` iterations, with no early stop. The RL lift of a run is its final
 success minus its iteration-0 success (the same run, the same held-out episodes), in points.
 
-    python -m benchmarks.lift                 # every case on 5 seeds (hours)
-    python -m benchmarks.lift --quick         # two tiny cases on 2 seeds, for the tests (a minute)
+    python -m agent_rl.benchmarks.lift                 # every case on 5 seeds (hours)
+    python -m agent_rl.benchmarks.lift --quick         # two tiny cases on 2 seeds, for the tests (a minute)
     agent-rl bench lift [--cases bandit,maze-clone] [--seeds 5] [--workers 2] [--engine auto] [--out DIR] [--report]
     agent-rl bench lift --cases bandit --set optim.lr=1e-4 algo.negative_weight=1 --out DIR   # other settings
 
@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from agent_rl.benchmarks.common import RESULTS_DIR, machine_info, runs_stop_with_this_process, stopped
-from agent_rl.benchmarks.paired_stats import mean_interval, paired_difference
+from agent_rl.benchmarks.paired_stats import PairedDifference, adjust_family, mean_interval, paired_difference
 
 OUT_DIR = RESULTS_DIR / "lift"
 REACH = 0.95
@@ -317,9 +317,18 @@ def summarize(runs: list[Run], random_play: dict[str, float | None], settings: t
             "cases": [case_summary(by_name[name], results, random_play.get(name)) for name, results in cases.items()]}
 
 
+PRIMARY_MEASURE = "final_greedy_points"
+"""What a comparison against ``--baseline`` tests, declared before any run: final greedy held-out
+success in points, paired by seed, over the family of every case both summaries hold, Holm-corrected
+(``paired_stats.adjust_family``). Greedy lift is reported beside it and never called significant."""
+
+
 def compare(summary: dict[str, Any], baseline: dict[str, Any], baseline_path: Path) -> None:
     """Add to each case of ``summary`` that ``baseline`` (another ``--out``'s summary) also ran its
-    paired difference on the seeds both hold: final greedy success and greedy lift, in points."""
+    paired difference on the seeds both hold: final greedy success (the primary measure, with its
+    Holm-adjusted p-values, Bonferroni interval and verdict over the family of compared cases) and
+    greedy lift, in points."""
+    primary: dict[str, PairedDifference] = {}
     for case in summary["cases"]:
         other = next((c for c in baseline["cases"] if c["case"] == case["case"]), None)
         if other is None:
@@ -328,13 +337,17 @@ def compare(summary: dict[str, Any], baseline: dict[str, Any], baseline_path: Pa
         pairs = [(r, theirs[r["seed"]]) for r in case["runs"] if r["seed"] in theirs]
         if len(pairs) < 2:
             continue
+        primary[case["case"]] = paired_difference(np.array([100 * r["greedy_success"][-1] for r, _ in pairs]),
+                                                  np.array([100 * b["greedy_success"][-1] for _, b in pairs]))
         case["vs_baseline"] = {
             "baseline": str(baseline_path), "baseline_settings": baseline.get("settings", []), "seeds": [r["seed"] for r, _ in pairs],
-            "final_greedy_points": asdict(paired_difference(np.array([100 * r["greedy_success"][-1] for r, _ in pairs]),
-                                                            np.array([100 * b["greedy_success"][-1] for _, b in pairs]))),
+            PRIMARY_MEASURE: asdict(primary[case["case"]]),
             "greedy_lift_points": asdict(paired_difference(np.array([r["greedy_lift"] for r, _ in pairs]),
                                                            np.array([b["greedy_lift"] for _, b in pairs]))),
         }
+    for name, adjusted in (adjust_family(primary) if primary else {}).items():
+        case = next(c for c in summary["cases"] if c["case"] == name)
+        case["vs_baseline"]["primary"] = {"measure": PRIMARY_MEASURE, **adjusted.as_dict(), "significant": adjusted.significant()}
 
 
 def _verdict(met: bool | None) -> str:
@@ -375,10 +388,12 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
     if summary.get("settings"):
         lines += ["", f"Settings on top of each case's own: `{' '.join(summary['settings'])}`."]
     for c in (c for c in summary["cases"] if "vs_baseline" in c):
-        d = c["vs_baseline"]["final_greedy_points"]
+        d = c["vs_baseline"]["primary"]
         lines += ["", f"{c['case']} against `{c['vs_baseline']['baseline']}` (paired on seeds {c['vs_baseline']['seeds']}): final greedy "
                   f"success {d['mean']:+.1f} points [{d['ci_low']:+.1f}, {d['ci_high']:+.1f}], {d['wins']} wins, {d['losses']} losses, "
-                  f"Wilcoxon p = {d['wilcoxon_p']:.3f}."]
+                  f"Wilcoxon p = {d['wilcoxon_p']:.3f}; Holm over the {d['family_size']} compared case(s): t-test p = "
+                  f"{d['holm_t_p']:.3f}, Wilcoxon p = {d['holm_wilcoxon_p']:.3f}, family interval [{d['adjusted_ci_low']:+.1f}, "
+                  f"{d['adjusted_ci_high']:+.1f}]: {'a difference' if d['significant'] else 'no difference shown'} at 5% family-wise."]
     lines += ["", "Per seed (greedy success at each evaluation, %; lift in points; minutes):", ""]
     for c in summary["cases"]:
         lines.append(f"**{c['case']}**: {c['description']}; {c['iterations']} iterations, evaluated every {c['eval_every']}.")

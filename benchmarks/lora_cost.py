@@ -12,8 +12,8 @@ different admissible action), each arm records
 - the checkpoint: bytes of the model directory (LoRA: the adapter alone) and of the optimizer state;
 - the process's peak resident memory.
 
-    python -m benchmarks.lora_cost            # SmolLM2-135M-Instruct -> benchmarks/results/lora_cost.json
-    python -m benchmarks.lora_cost --quick    # the embedded policy, a small batch (seconds)
+    python -m agent_rl.benchmarks.lora_cost            # SmolLM2-135M-Instruct -> benchmarks/results/lora_cost.json
+    python -m agent_rl.benchmarks.lora_cost --quick    # the embedded policy, a small batch (seconds)
 """
 
 from __future__ import annotations

@@ -7,15 +7,15 @@ evaluated greedily on the same held-out mazes, so the arms differ only in their 
 random numbers). No early stop: every run trains
 ``--iterations`` iterations and is evaluated every ``--eval-every`` on ``--eval-episodes`` mazes.
 
-    python -m benchmarks.main_job_defaults --arms previous,mission --iterations 12 --eval-every 4 --threads 1 \
+    python -m agent_rl.benchmarks.main_job_defaults --arms previous,mission --iterations 12 --eval-every 4 --threads 1 \
         --engine hf --out benchmarks/results/learner_defaults    # the embedded learner before and after
-    python -m benchmarks.main_job_defaults --warm-start before     # the first learner comparison
-    python -m benchmarks.main_job_defaults --arms previous,new --seeds 0 1 --iterations 10
-    python -m benchmarks.main_job_defaults --arms env-penalty,credit-penalty --iterations 6 --eval-every 3 \
+    python -m agent_rl.benchmarks.main_job_defaults --warm-start before     # the first learner comparison
+    python -m agent_rl.benchmarks.main_job_defaults --arms previous,new --seeds 0 1 --iterations 10
+    python -m agent_rl.benchmarks.main_job_defaults --arms env-penalty,credit-penalty --iterations 6 --eval-every 3 \
         --warm-start before --out benchmarks/results/invalid_penalty        # the two forms of the invalid-action penalty
-    python -m benchmarks.main_job_defaults --arms shortest-900,explore-900,shortest-300,explore-900-cosine \
+    python -m agent_rl.benchmarks.main_job_defaults --arms shortest-900,explore-900,shortest-300,explore-900-cosine \
         --iterations 0 --out benchmarks/results/warm_start_teacher  # the warm start's teacher, length, schedule
-    python -m benchmarks.main_job_defaults --arms precision-fp32,precision-bf16 --iterations 0 --engine hf \
+    python -m agent_rl.benchmarks.main_job_defaults --arms precision-fp32,precision-bf16 --iterations 0 --engine hf \
         --out benchmarks/results/main_job_precision                   # the main job's warm start in fp32 and bf16
 
 Outputs under ``--out`` (default ``benchmarks/results/main_job_defaults``): each run's

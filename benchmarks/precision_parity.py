@@ -9,7 +9,7 @@ body under bf16 autocast, the output head and log-softmax in float32) and under 
 log ratio of an update's first step, the share of tokens outside PPO's 0.2 clip and of sequences
 outside GSPO's 3e-4/4e-4 band.
 
-    python -m benchmarks.precision_parity      # -> benchmarks/results/precision_parity/cpu.json, a few minutes
+    python -m agent_rl.benchmarks.precision_parity      # -> benchmarks/results/precision_parity/cpu.json, a few minutes
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
 2. Learner update time for one fixed minibatch (forward + backward of the embedded policy, then the
    gradient all-reduce) in 1 process vs 2 processes under torchrun (gloo).
 
-    python -m benchmarks.scale            # -> benchmarks/results/scale.json
+    python -m agent_rl.benchmarks.scale            # -> benchmarks/results/scale.json
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Measures, for the installed model (``agent-rl models install smollm2-135m-instru
   sync (``update_weights`` with every parameter moved by Gaussian noise of std 0.01), and whether
   greedy completions agree between the engines.
 
-    python -m benchmarks.smollm2      # -> benchmarks/results/smollm2.json
+    python -m agent_rl.benchmarks.smollm2      # -> benchmarks/results/smollm2.json
 """
 
 from __future__ import annotations

