@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import threading
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -214,6 +216,12 @@ def test_a_step_over_the_time_limit_fails_its_slot_and_the_pool_goes_on(faulty):
     # The slot gets a new environment, served by a new call thread.
     again = pool.reset([0], [3])[0]
     assert again.failure is None and pool.step([0], ["pull"])[0].observation == "Click."
+    # Closing ends the call thread; a closed pool that is used again starts another.
+    serving = [t for t in threading.enumerate() if t.name == "agent-rl-env-calls"]
+    pool.close()
+    time.sleep(0.05)
+    assert len([t for t in threading.enumerate() if t.name == "agent-rl-env-calls"]) == len(serving) - 1
+    assert pool.reset([1], [4])[0].failure is None
     pool.close()
 
 

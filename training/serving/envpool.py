@@ -179,7 +179,7 @@ class LocalEnvPool:
             raise ValueError(f"timeout_s must be > 0 seconds or None (no limit), got {timeout_s}")
         self.make_env, self.n_envs, self.timeout_s = make_env, n_envs, timeout_s
         self._envs: list[gym.Env | None] = [None] * n_envs
-        self._calls = _CallThread() if timeout_s is not None else None
+        self._calls: _CallThread | None = None  # started on the first timed call, ended by close()
         self.abandoned = 0
         probe = make_env()  # a bad id or kwargs fail here, loudly
         self.env_id, self.has_oracle = env_name(probe), has_oracle(probe)
@@ -188,8 +188,10 @@ class LocalEnvPool:
     def _timed(self, fn: Callable[[], Any], call: str) -> Any:
         """``fn()``, within the time limit when there is one: past it, a ``TimeoutError`` and a new
         call thread (the old one stays with the call that does not return)."""
-        if self._calls is None:
+        if self.timeout_s is None:
             return fn()
+        if self._calls is None:
+            self._calls = _CallThread()
         future = self._calls.submit(fn)
         done, _ = futures.wait([future], timeout=self.timeout_s)
         if not done:
@@ -245,6 +247,9 @@ class LocalEnvPool:
                 except Exception:  # closing is best effort; the data is already recorded
                     pass
         self._envs = [None] * self.n_envs
+        if self._calls is not None:
+            self._calls.retire()
+            self._calls = None
 
 
 @contextlib.contextmanager
