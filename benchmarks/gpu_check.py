@@ -86,18 +86,30 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def scored(model, prompts: list[list[int]], completions, precision: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def scored(model, prompts: list[list[int]], completions, precision: str,
+           rows_per_pass: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The learner's logprobs of the sampled tokens of ``completions`` (one list per prompt) at
-    temperature 1 under ``precision``, the engine's, and the mask of real tokens; all ``(rows, T)``."""
+    temperature 1 under ``precision``, the engine's, and the mask of real tokens; all ``(rows, T)``.
+    With ``rows_per_pass``, the learner scores that many shuffled rows at a time, as an update's
+    micro-batches hold other rows (other padding, other shared prefixes) than one pass over all."""
     from agent_rl.training.loop.learner import sequence_logprobs
 
     flat_prompts = [p for p, group in zip(prompts, completions) for _ in group]
     flat = [c for group in completions for c in group]
+    device = next(model.parameters()).device
+    order = (list(range(len(flat))) if rows_per_pass is None else
+             torch.randperm(len(flat), generator=torch.Generator().manual_seed(0)).tolist())
+    per_pass = rows_per_pass or len(flat)
+    logp = torch.zeros(len(flat), max(len(c.token_ids) for c in flat), device=device)
+    engine, mask = torch.zeros_like(logp), torch.zeros_like(logp)
     with torch.no_grad():
-        logp, mask = sequence_logprobs(model, flat_prompts, [c.token_ids for c in flat], 1.0, precision)
-    engine = torch.zeros_like(logp)
+        for start in range(0, len(order), per_pass):
+            rows = order[start : start + per_pass]
+            part, _ = sequence_logprobs(model, [flat_prompts[i] for i in rows], [flat[i].token_ids for i in rows], 1.0, precision)
+            logp[rows, : part.shape[1]] = part
     for i, c in enumerate(flat):
         engine[i, : len(c.logprobs)] = torch.tensor(c.logprobs)
+        mask[i, : len(c.token_ids)] = 1.0
     return logp, engine, mask
 
 
@@ -146,30 +158,13 @@ def parity(model, tokenizer, sizes: dict[str, int]) -> dict[str, Any]:
         if variant == "bf16":
             learner_fp32 = scored(model, prompts, completions, "fp32")[0]
             result["learner_bf16_vs_fp32"] = gap(learner, learner_fp32, mask)
-            result["learner_bf16_rebatched"] = gap(learner, rescored(model, prompts, completions, REBATCH), mask)
+            result["learner_bf16_rebatched"] = gap(learner, scored(model, prompts, completions, "bf16", REBATCH)[0], mask)
     return result
 
 
 REBATCH = 4
 """Rows per forward pass of the rescoring: an update's micro-batches hold other rows, with other
 padding and shared prefixes, than the rollout's recomputation (``trainer.recompute_old_logprobs``)."""
-
-
-def rescored(model, prompts: list[list[int]], completions, rows_per_pass: int) -> torch.Tensor:
-    """The learner's bf16 logprobs of ``completions`` again, ``rows_per_pass`` shuffled rows at a
-    time: what an update sees for rows whose old logprobs the learner recomputed in other batches."""
-    from agent_rl.training.loop.learner import sequence_logprobs
-
-    flat_prompts = [p for p, group in zip(prompts, completions) for _ in group]
-    flat = [c.token_ids for group in completions for c in group]
-    order = torch.randperm(len(flat), generator=torch.Generator().manual_seed(0)).tolist()
-    out = torch.zeros(len(flat), max(map(len, flat)))
-    with torch.no_grad():
-        for start in range(0, len(order), rows_per_pass):
-            rows = order[start : start + rows_per_pass]
-            logp, _ = sequence_logprobs(model, [flat_prompts[i] for i in rows], [flat[i] for i in rows], 1.0, "bf16")
-            out[rows, : logp.shape[1]] = logp.to(out.device)
-    return out.to(next(model.parameters()).device)
 
 
 def rl_config(model_name: str, device: torch.device, precision: str, sizes: dict[str, int], run_dir: str):

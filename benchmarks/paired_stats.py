@@ -90,15 +90,12 @@ def _average_ranks(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _signed_rank_counts(weights: np.ndarray) -> np.ndarray:
-    """Number of subsets of the integer ``weights`` with each sum 0..sum(weights): the exact null
-    distribution of a signed-rank sum times 2**n."""
+    """Number of subsets of the positive integer ``weights`` with each sum 0..sum(weights): the exact
+    null distribution of a signed-rank sum times 2**n."""
     counts = np.zeros(int(weights.sum()) + 1, dtype=np.float64)
     counts[0] = 1.0
     for weight in weights.astype(int):  # one pass per rank (n <= EXACT_WILCOXON_MAX_N), not per sample
-        if weight:
-            counts[weight:] += counts[:-weight].copy()
-        else:
-            counts *= 2.0
+        counts[weight:] += counts[:-weight].copy()
     return counts
 
 

@@ -45,6 +45,18 @@ def run_cli(run_dir: Path, fault: str, *extra: str) -> subprocess.CompletedProce
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
 
 
+def run_cli_stopped_at_iteration_1(run_dir: Path, fault: str, error: str, *extra: str) -> subprocess.CompletedProcess:
+    """Run the CLI without a warm start, where every trajectory of iteration 1 fails with ``error``:
+    it stops with status 2, that error and the resume command, with only iteration 0 logged."""
+    result = run_cli(run_dir, fault, "sft.mode=none", *extra)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"agent-rl: error: 4 of 4 trajectories failed at iteration 1 (trainer.max_failed_share=1.0); the first error: "
+        f"{error}; the run stops (the last checkpoint is iteration 0; continue with: agent-rl train --resume {run_dir})")
+    assert [r["iteration"] for r in read_metrics(run_dir)] == [0]
+    return result
+
+
 @pytest.mark.slow
 def test_an_environment_that_always_raises_stops_the_warm_start_with_its_error(tmp_path):
     result = run_cli(tmp_path / "run", "always")
@@ -56,16 +68,10 @@ def test_an_environment_that_always_raises_stops_the_warm_start_with_its_error(t
 
 @pytest.mark.slow
 def test_an_iteration_whose_trajectories_all_fail_stops_the_run_with_a_checkpoint_and_the_resume_command(tmp_path):
-    run_dir = tmp_path / "run"
-    result = run_cli(run_dir, "always", "sft.mode=none")
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert result.stderr.strip().splitlines()[-1] == (
-        f"agent-rl: error: 4 of 4 trajectories failed at iteration 1 (trainer.max_failed_share=1.0); the first error: "
-        f"{ERROR}; the run stops (the last checkpoint is iteration 0; continue with: agent-rl train --resume {run_dir})")
+    result = run_cli_stopped_at_iteration_1(tmp_path / "run", "always", ERROR)
     # The first error of its kind is printed once, though every episode of the evaluation and the rollout raised.
     assert result.stdout.count("environment error in faulty/Lever-v0") == 1
     assert f"environment error in faulty/Lever-v0: {ERROR}" in result.stdout
-    assert [r["iteration"] for r in read_metrics(run_dir)] == [0]
 
 
 @pytest.mark.slow
@@ -148,16 +154,10 @@ def test_a_contract_breach_fails_its_trajectory_with_a_message_naming_the_call_a
 
 @pytest.mark.slow
 def test_a_hung_step_fails_its_trajectory_at_the_time_limit_instead_of_hanging_the_run(tmp_path):
-    run_dir = tmp_path / "run"
     error = ("TimeoutError: step() gave no answer within 0.3 s (env.timeout_s); the environment was abandoned and is "
              "rebuilt on the next reset (in step())")
-    result = run_cli(run_dir, "hang_at_2", "sft.mode=none", "env.timeout_s=0.3")  # each hung step sleeps an hour
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert result.stderr.strip().splitlines()[-1] == (
-        f"agent-rl: error: 4 of 4 trajectories failed at iteration 1 (trainer.max_failed_share=1.0); the first error: "
-        f"{error}; the run stops (the last checkpoint is iteration 0; continue with: agent-rl train --resume {run_dir})")
+    result = run_cli_stopped_at_iteration_1(tmp_path / "run", "hang_at_2", error, "env.timeout_s=0.3")  # a hung step sleeps an hour
     assert result.stdout.count(f"environment error in faulty/Lever-v0: {error}") == 1
-    assert [r["iteration"] for r in read_metrics(run_dir)] == [0]
 
 
 @pytest.mark.parametrize("value", ["0", "-2"])
@@ -168,10 +168,5 @@ def test_a_time_limit_that_is_not_positive_is_a_config_error(value):
 
 @pytest.mark.slow
 def test_a_contract_breach_at_the_second_step_stops_the_cli_with_its_message(tmp_path):
-    run_dir = tmp_path / "run"
-    result = run_cli(run_dir, "nan_reward", "sft.mode=none")
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert result.stderr.strip().splitlines()[-1] == (
-        "agent-rl: error: 4 of 4 trajectories failed at iteration 1 (trainer.max_failed_share=1.0); the first error: "
-        "ContractError: step() returned the reward nan, not a finite number, at turn 1 (in step()); the run stops "
-        f"(the last checkpoint is iteration 0; continue with: agent-rl train --resume {run_dir})")
+    run_cli_stopped_at_iteration_1(tmp_path / "run", "nan_reward",
+                                   "ContractError: step() returned the reward nan, not a finite number, at turn 1 (in step())")
