@@ -43,7 +43,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from agent_rl.benchmarks.common import RESULTS_DIR, machine_info, runs_stop_with_this_process, stopped
+from agent_rl.benchmarks.common import RESULTS_DIR, RESUME, machine_info, runs_stop_with_this_process, stopped
 from agent_rl.benchmarks.credit_testbed import select_names
 from agent_rl.benchmarks.paired_stats import mean_interval, paired_difference
 
@@ -213,8 +213,7 @@ class Job:
             from agent_rl.training.infra import checkpoint
 
             overrides.append(f"policy={checkpoint.find_checkpoint(self.warm_start.run_dir, 'sft').model_dir}")
-        resume = (self.run_dir / "checkpoints").is_dir() and any((self.run_dir / "checkpoints").iterdir())
-        return [sys.executable, "-m", "agent_rl.cli", "train", *(["--resume", str(self.run_dir)] if resume else []), *overrides]
+        return [sys.executable, "-m", "agent_rl.cli", "train", *RESUME, *overrides]
 
 
 def config_of(job: Job):

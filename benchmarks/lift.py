@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from agent_rl.benchmarks.common import RESULTS_DIR, machine_info, runs_stop_with_this_process, stopped
+from agent_rl.benchmarks.common import RESULTS_DIR, RESUME, machine_info, runs_stop_with_this_process, stopped
 from agent_rl.benchmarks.paired_stats import PairedDifference, adjust_family, mean_interval, paired_difference
 
 OUT_DIR = RESULTS_DIR / "lift"
@@ -175,10 +175,8 @@ class Run:
         return (self.run_dir / "DONE").exists()
 
     def command(self, engine: str) -> list[str]:
-        checkpoints = self.run_dir / "checkpoints"
-        resume = ["--resume", str(self.run_dir)] if checkpoints.is_dir() and any(checkpoints.iterdir()) else []
         recipe = ["--config", self.case.recipe] if self.case.recipe else []
-        return [sys.executable, "-m", "agent_rl.cli", "train", *resume, *recipe, *COMMON, self.case.threads_override,
+        return [sys.executable, "-m", "agent_rl.cli", "train", *RESUME, *recipe, *COMMON, self.case.threads_override,
                 f"engine={engine}", *self.case.overrides,
                 *self.settings, f"trainer.iterations={self.case.iterations}", f"trainer.eval_every={self.case.eval_every}",
                 f"trainer.seed={self.seed}", f"trainer.run_dir={self.run_dir}"]
