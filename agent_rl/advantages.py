@@ -296,8 +296,10 @@ def graph_progress(
     n = len(group_ids)
     traj_ids = _id_column("traj_ids", traj_ids, n)
     anchor_keys = _id_column("anchor_keys", anchor_keys, n)
-    won, done, truncated = (_id_column(name, column, n).astype(bool)
-                            for name, column in (("won", won), ("done", done), ("truncated", truncated)))
+    won, done, truncated = (
+        _id_column(name, column, n).astype(bool)
+        for name, column in (("won", won), ("done", done), ("truncated", truncated))
+    )
     if n == 0:
         empty = np.zeros(0)
         no_ids, no_flags = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
@@ -349,7 +351,9 @@ def graph_progress(
     merged_group = np.zeros(n_groups, dtype=bool)
     merged_group[state_group[(trajectories_at >= 2) & seen_later]] = True
     trajectory_won = np.bincount(traj_code, weights=won, minlength=n_traj)[traj_code] > 0
-    return GraphProgress(group_code, state, row_distance, next_distance, progress, trajectory_won, merged_group[group_code])
+    return GraphProgress(
+        group_code, state, row_distance, next_distance, progress, trajectory_won, merged_group[group_code]
+    )
 
 
 def graph_advantages(graph: GraphProgress, *, normalize: StepNormalize = "mean", eps: float = 1e-6) -> np.ndarray:
@@ -414,10 +418,14 @@ class Credit:
         """Why step credit reached no row of this batch, or None when it reached some: no anchor state
         recurs within a group (``anchor``), or no group's trajectories meet (``graph``)."""
         if self.step_credit == "anchor" and self.group_stats.frac_rows_in_groups_ge2 == 0:
-            return "step credit (anchor) found no anchor state shared by two steps of a group: every step advantage is 0"
+            return (
+                "step credit (anchor) found no anchor state shared by two steps of a group: every step advantage is 0"
+            )
         if self.step_credit == "graph" and len(self.graph.state) and not self.graph.merged.any():
-            return ("step credit (graph) found no group whose trajectories meet in an anchor state after the first turn: "
-                    "every step advantage is 0 and episode credit alone remains")
+            return (
+                "step credit (graph) found no group whose trajectories meet in an anchor state after the first turn: "
+                "every step advantage is 0 and episode credit alone remains"
+            )
         return None
 
     def metrics(self) -> dict[str, float]:
@@ -427,7 +435,10 @@ class Credit:
             # signal; the filter's share; where in the episodes the signal lies.
             "credit/zero_variance_groups": float(np.mean(self.group_spread == 0)) if len(self.group_spread) else 0.0,
             "credit/kept_groups": float(np.mean(self.kept)) if len(self.kept) else 0.0,
-            **{f"advantage/mass_{part}": float(share) for part, share in zip(("early", "middle", "late"), self.position_mass)},
+            **{
+                f"advantage/mass_{part}": float(share)
+                for part, share in zip(("early", "middle", "late"), self.position_mass)
+            },
             "advantage/abs_mean": float(np.abs(self.advantages).mean()) if len(self.advantages) else 0.0,
             # Positive: the batch pushes up, on balance, what it sampled; negative: away from it.
             "advantage/sum": float(self.advantages.sum()),
@@ -444,7 +455,9 @@ class Credit:
             metrics["graph/merged_fraction"] = float(graph.merged.mean())
             # Progress inside failed trajectories, which episode credit cannot reward.
             failed = ~graph.trajectory_won & ~np.isnan(graph.progress)
-            metrics["graph/failed_progress_fraction"] = float(np.mean(graph.progress[failed] > 0)) if failed.any() else 0.0
+            metrics["graph/failed_progress_fraction"] = (
+                float(np.mean(graph.progress[failed] > 0)) if failed.any() else 0.0
+            )
             metrics["graph/mean_distance"] = float(graph.distance.mean())
         return metrics
 
@@ -494,7 +507,9 @@ def compute_advantages(batch: StepBatch, algo: AlgorithmConfig) -> Credit:
         step_groups, group_stats_ = group_steps(batch.group_id, batch.anchor_key)
     graph = None
     if algo.step_credit != "none" and step_groups is None:
-        raise ValueError(f"step credit ({algo.step_credit}) needs StepBatch.anchor_key (see anchors.compute_anchor_keys)")
+        raise ValueError(
+            f"step credit ({algo.step_credit}) needs StepBatch.anchor_key (see anchors.compute_anchor_keys)"
+        )
     if algo.step_credit == "anchor":
         step_returns = discounted_returns(batch.reward, batch.traj_id, algo.gamma)
         step = _normalize_within(step_returns, step_groups, group_stats_.n_groups, algo.step_normalize, algo.eps)
@@ -510,7 +525,9 @@ def compute_advantages(batch: StepBatch, algo: AlgorithmConfig) -> Credit:
     if n:
         advantages = np.where(kept[dense_ids(batch.group_id)[0]], advantages, 0.0)
     position_mass = turn_position_mass(advantages, batch.t, batch.traj_id) if n else np.zeros(3)
-    return Credit(advantages, episode, step, step_groups, group_stats_, graph, algo.step_credit, spread, kept, position_mass)
+    return Credit(
+        advantages, episode, step, step_groups, group_stats_, graph, algo.step_credit, spread, kept, position_mass
+    )
 
 
 def trajectory_weights(traj_code: np.ndarray) -> np.ndarray:

@@ -101,9 +101,7 @@ class StepBatch:
                 raise ValueError(f"StepBatch extra column {name!r} has {len(value)} rows, expected {n}")
         for i, (resp, lp) in enumerate(zip(self.response_ids, self.old_logprobs)):
             if len(resp) != len(lp):
-                raise ValueError(
-                    f"StepBatch row {i}: {len(resp)} response tokens but {len(lp)} old logprobs"
-                )
+                raise ValueError(f"StepBatch row {i}: {len(resp)} response tokens but {len(lp)} old logprobs")
         if n:
             # A stable sort by trajectory keeps row order inside each trajectory; t must then increase.
             order = np.argsort(self.traj_id, kind="stable")
@@ -125,8 +123,12 @@ class StepBatch:
         missing = [name for name in ROW_COLUMNS if rows and name not in rows[0]]
         if missing:
             raise ValueError(f"StepBatch.from_rows: the rows lack the columns {missing}")
-        return cls(group_id=group_id, traj_id=traj_id, **{name: [row[name] for row in rows] for name in ROW_COLUMNS},
-                   extras=dict(extras or {}))
+        return cls(
+            group_id=group_id,
+            traj_id=traj_id,
+            **{name: [row[name] for row in rows] for name in ROW_COLUMNS},
+            extras=dict(extras or {}),
+        )
 
     @classmethod
     def for_credit(
@@ -152,12 +154,22 @@ class StepBatch:
         done = t == np.bincount(codes, minlength=n_traj)[codes] - 1
         empty_tokens = [np.zeros(0, dtype=np.int64)] * n
         return cls(
-            group_id=group_id, traj_id=traj_id, t=t, reward=reward, done=done,
+            group_id=group_id,
+            traj_id=traj_id,
+            t=t,
+            reward=reward,
+            done=done,
             truncated=done & (False if truncated is None else np.asarray(truncated, dtype=bool)),
             action_valid=np.ones(n) if action_valid is None else action_valid,
-            won=np.zeros(n) if won is None else won, overlong=np.zeros(n),
-            prompt_ids=empty_tokens, response_ids=empty_tokens, old_logprobs=empty_tokens, observation=[""] * n,
-            error=[None] * n, action=[""] * n, anchor_state=[""] * n,
+            won=np.zeros(n) if won is None else won,
+            overlong=np.zeros(n),
+            prompt_ids=empty_tokens,
+            response_ids=empty_tokens,
+            old_logprobs=empty_tokens,
+            observation=[""] * n,
+            error=[None] * n,
+            action=[""] * n,
+            anchor_state=[""] * n,
             anchor_key=None if anchor_key is None else np.asarray(anchor_key),
         )
 

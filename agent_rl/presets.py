@@ -30,7 +30,14 @@ loss with GiGPO credit, ``algo=gigpo algo.step_credit=graph`` is graph credit in
 
 LOSS_PRESETS: dict[str, dict[str, Any]] = {
     # DeepSeekMath GRPO: token ratio, symmetric clip, per-sequence token mean, k3 KL to the reference.
-    "grpo": dict(ratio_level="token", clip_low=0.2, clip_high=0.2, loss_agg="seq_mean_token_mean", kl_coef=0.001, kl_estimator="k3"),
+    "grpo": dict(
+        ratio_level="token",
+        clip_low=0.2,
+        clip_high=0.2,
+        loss_agg="seq_mean_token_mean",
+        kl_coef=0.001,
+        kl_estimator="k3",
+    ),
     # Dr.GRPO: no length normalization bias: token sum over a constant (B * norm_length); no KL.
     "drgrpo": dict(ratio_level="token", clip_low=0.2, clip_high=0.2, loss_agg="seq_mean_token_sum_norm", kl_coef=0.0),
     # DAPO: clip-higher, token-level mean over the batch, no KL (dynamic sampling and overlong
@@ -39,11 +46,15 @@ LOSS_PRESETS: dict[str, dict[str, Any]] = {
     # GSPO: sequence-level ratio (length-normalized), clipped with a much narrower band.
     "gspo": dict(ratio_level="sequence", clip_low=3e-4, clip_high=4e-4, loss_agg="seq_mean_token_mean", kl_coef=0.0),
     # GSPO-token: the GSPO ratio value with per-token gradients (for per-token advantages).
-    "gspo_token": dict(ratio_level="sequence_token", clip_low=3e-4, clip_high=4e-4, loss_agg="seq_mean_token_mean", kl_coef=0.0),
+    "gspo_token": dict(
+        ratio_level="sequence_token", clip_low=3e-4, clip_high=4e-4, loss_agg="seq_mean_token_mean", kl_coef=0.0
+    ),
     # RLOO: REINFORCE with the leave-one-out baseline (the advantage mode); no clipping.
     "rloo": dict(ratio_level="token", clip_low=None, clip_high=None, loss_agg="seq_mean_token_mean", kl_coef=0.0),
     # CISPO: clipped, stop-gradient importance weight times A * logp; every token keeps a gradient.
-    "cispo": dict(ratio_level="token", clip_low=None, clip_high=None, cispo_cap=4.0, loss_agg="token_mean", kl_coef=0.0),
+    "cispo": dict(
+        ratio_level="token", clip_low=None, clip_high=None, cispo_cap=4.0, loss_agg="token_mean", kl_coef=0.0
+    ),
 }
 """Keyword arguments of ``agent_rl.losses.policy_loss`` for each named loss."""
 

@@ -27,12 +27,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-
-from agent_rl.batch import KEY_KINDS
-from agent_rl.grouping import GroupStats, dense_ids, group_stats, group_steps, rows_by_group
 from agent_rl.anchors.fingerprint import error_fingerprint, line_template
 from agent_rl.anchors.keys import hash_strings, normalize_whitespace, stable_hash64, unique_inverse
 from agent_rl.anchors.similarity import _mix64, cluster_similar, minhash_signatures
+
+from agent_rl.batch import KEY_KINDS
+from agent_rl.grouping import GroupStats, dense_ids, group_stats, group_steps, rows_by_group
 
 _NEEDS = {
     "state": ("states",),
@@ -159,8 +159,12 @@ def compute_anchor_keys(
     if kind not in KEY_KINDS:
         raise ValueError(f"unknown anchor key kind {kind!r}; valid kinds: {', '.join(KEY_KINDS)}")
     given = {
-        "observations": observations, "errors": errors, "states": states, "group_ids": group_ids,
-        "actions": actions, "traj_ids": traj_ids,
+        "observations": observations,
+        "errors": errors,
+        "states": states,
+        "group_ids": group_ids,
+        "actions": actions,
+        "traj_ids": traj_ids,
     }
     missing = [name for name in _NEEDS[kind] if {**given, "history_turns": history_turns}[name] is None]
     if missing:

@@ -27,9 +27,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from agent_rl.anchors.keys import normalize_whitespace, unique_inverse
 
 from agent_rl.grouping import dense_ids
-from agent_rl.anchors.keys import normalize_whitespace, unique_inverse
 
 BUCKET_WINDOW = 8
 SHINGLE_BLOCK_ROWS = 16384  # shingles per MinHash block: (rows × num_perm) uint32 stays in cache
@@ -152,7 +152,9 @@ def similar_components(signatures: np.ndarray, node_groups: np.ndarray, jaccard_
         order = np.lexsort((tie_break, band_keys, node_groups))
         sorted_keys, sorted_groups = band_keys[order], node_groups[order]
         for distance in range(1, BUCKET_WINDOW + 1):
-            same = (sorted_keys[distance:] == sorted_keys[:-distance]) & (sorted_groups[distance:] == sorted_groups[:-distance])
+            same = (sorted_keys[distance:] == sorted_keys[:-distance]) & (
+                sorted_groups[distance:] == sorted_groups[:-distance]
+            )
             if not same.any():
                 break
             left, right = order[:-distance][same], order[distance:][same]

@@ -13,13 +13,11 @@ import time
 from pathlib import Path
 
 import numpy as np  # noqa: E402
+from agent_rl.anchors import cluster_similar, compute_anchor_keys, error_fingerprint, group_steps  # noqa: E402
+from agent_rl.benchmarks.common import write_result
+from agent_rl.envs.minicode_lang import compile_program, run  # noqa: E402
 from rich.console import Console
 from rich.progress import Progress  # noqa: E402
-
-from agent_rl.anchors import cluster_similar, compute_anchor_keys, error_fingerprint, group_steps  # noqa: E402
-from agent_rl.envs.minicode_lang import compile_program, run  # noqa: E402
-
-from agent_rl.benchmarks.common import write_result
 
 console = Console()
 
@@ -78,20 +76,30 @@ def error_corpus(n: int, rng: np.random.Generator) -> list[str]:
             f'  File "{path("py")}", line {num()}, in main\n    return {name()}(rows)\n'
             f"KeyError: '{name()}'"
         ),
-        lambda: f"{path('c')}:{num()}:{num(80)}: error: '{name()}' undeclared (first use in this function)\n"
-        f"  {num()} |     {name()} = {num()};\n      |     ^~~~~",
-        lambda: f"error[E0308]: mismatched types\n --> {path('rs')}:{num()}:{num(80)}\n  |\n"
-        f"{num()} |     let x: i32 = \"{name()}\";\n  |                  ^^^ expected `i32`, found `&str`\n\n"
-        f"error: aborting due to {num(5)} previous errors",
-        lambda: f"{path('java')}:{num()}: error: cannot find symbol\n        {name()}();\n        ^\n"
-        f"  symbol:   method {name()}()\n  location: class Main\n1 error",
+        lambda: (
+            f"{path('c')}:{num()}:{num(80)}: error: '{name()}' undeclared (first use in this function)\n"
+            f"  {num()} |     {name()} = {num()};\n      |     ^~~~~"
+        ),
+        lambda: (
+            f"error[E0308]: mismatched types\n --> {path('rs')}:{num()}:{num(80)}\n  |\n"
+            f'{num()} |     let x: i32 = "{name()}";\n  |                  ^^^ expected `i32`, found `&str`\n\n'
+            f"error: aborting due to {num(5)} previous errors"
+        ),
+        lambda: (
+            f"{path('java')}:{num()}: error: cannot find symbol\n        {name()}();\n        ^\n"
+            f"  symbol:   method {name()}()\n  location: class Main\n1 error"
+        ),
         lambda: f"{path('ts')}({num()},{num(80)}): error TS2322: Type 'string' is not assignable to type 'number'.",
         lambda: f"# command-line-arguments\n./{name()}.go:{num()}:{num(40)}: undefined: {name()}",
-        lambda: f"E       assert {num()} == {num()}\n\n{path('py')}:{num()}: AssertionError\n"
-        f"=== 1 failed, {num(30)} passed in {rng.random():.2f}s ===",
+        lambda: (
+            f"E       assert {num()} == {num()}\n\n{path('py')}:{num()}: AssertionError\n"
+            f"=== 1 failed, {num(30)} passed in {rng.random():.2f}s ==="
+        ),
         lambda: f"bash: {name()}: command not found",
-        lambda: f"Segmentation fault at 0x{rng.integers(1 << 40):x} (pid {num(99999)}) on "
-        f"2025-0{num(9)}-1{num(9)} 1{num(9)}:{num(59):02d}:{num(59):02d}",
+        lambda: (
+            f"Segmentation fault at 0x{rng.integers(1 << 40):x} (pid {num(99999)}) on "
+            f"2025-0{num(9)}-1{num(9)} 1{num(9)}:{num(59):02d}:{num(59):02d}"
+        ),
         lambda: minicode_diagnostic(f"a {name()} add"),
         lambda: minicode_diagnostic("add " * num(3)),
         lambda: minicode_diagnostic(f"a b {'add' if rng.random() < 0.5 else 'mul'}"),
@@ -206,7 +214,10 @@ def bench_fingerprints(n: int) -> dict:
         "distinct_texts": len(set(texts)),
         "distinct_fingerprints": len(set(fingerprints)),
     }
-    console.log(f"fingerprints: {result['fingerprints_per_s']:,}/s; {result['distinct_texts']:,} texts -> {result['distinct_fingerprints']} templates")
+    console.log(
+        f"fingerprints: {result['fingerprints_per_s']:,}/s; {result['distinct_texts']:,} texts -> "
+        f"{result['distinct_fingerprints']} templates"
+    )
     return result
 
 
@@ -214,7 +225,9 @@ def bench_similarity(n: int, n_scenes: int) -> dict:
     observations, truth = scene_observations(n, n_scenes, np.random.default_rng(3))
     ids, seconds = timed(lambda: cluster_similar(observations, threshold=0.8), repeats=2)
     group_ids = np.arange(n) // 100
-    grouped_ids, grouped_seconds = timed(lambda: cluster_similar(observations, threshold=0.8, groups=group_ids), repeats=2)
+    grouped_ids, grouped_seconds = timed(
+        lambda: cluster_similar(observations, threshold=0.8, groups=group_ids), repeats=2
+    )
     result = {
         "observations": n,
         "true_scenes": n_scenes,
@@ -225,7 +238,9 @@ def bench_similarity(n: int, n_scenes: int) -> dict:
         "per_group_seconds": round(grouped_seconds, 3),
         "per_group_agreement_with_true_scenes": pair_agreement(grouped_ids, group_ids * n_scenes + truth),
     }
-    console.log(f"similarity: {n:,} observations in {seconds:.2f} s -> {result['clusters']} clusters ({n_scenes} scenes)")
+    console.log(
+        f"similarity: {n:,} observations in {seconds:.2f} s -> {result['clusters']} clusters ({n_scenes} scenes)"
+    )
     return result
 
 
@@ -253,7 +268,8 @@ def bench_difflib(n: int, n_scenes: int, time_cap_s: float) -> dict:
         "difflib_vs_true_scenes_on_processed": pair_agreement(difflib_ids, truth[:processed]),
     }
     console.log(
-        f"difflib: {processed}/{n} texts in {difflib_s:.1f} s (full ~{difflib_full_s:.1f} s) vs MinHash {minhash_s:.3f} s:"
+        f"difflib: {processed}/{n} texts in {difflib_s:.1f} s (full ~{difflib_full_s:.1f} s) vs MinHash "
+        f"{minhash_s:.3f} s:"
         f" {result['speedup']}x, ARI {result['agreement_minhash_vs_difflib_on_processed']['adjusted_rand_index']:.3f}"
     )
     return result

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 _PACKAGE = Path(__file__).resolve().parent
-RESULTS_DIR = _PACKAGE / "results" if (_PACKAGE.parent / "pyproject.toml").is_file() else Path.cwd() / "benchmarks" / "results"
+RESULTS_DIR = (
+    _PACKAGE / "results" if (_PACKAGE.parent / "pyproject.toml").is_file() else Path.cwd() / "benchmarks" / "results"
+)
 """Where results go unless ``--out`` says otherwise: ``benchmarks/results`` of the source checkout, or
 of the working directory when the benchmarks run from an installed package."""
 
@@ -73,7 +75,9 @@ def write_result(name: str, payload: dict[str, Any], out_dir: Path | None = None
 
 
 @contextmanager
-def runs_stop_with_this_process(running: Callable[[], Iterable[subprocess.Popen]], grace_s: float = 120.0) -> Iterator[None]:
+def runs_stop_with_this_process(
+    running: Callable[[], Iterable[subprocess.Popen]], grace_s: float = 120.0
+) -> Iterator[None]:
     """SIGTERM stops the benchmark as Ctrl-C does, and however it stops, the runs it started (``running()``:
     their processes) stop with it. Each still running gets SIGTERM (``agent-rl train`` then saves a checkpoint,
     so a rerun resumes it), then SIGKILL after ``grace_s`` seconds. A run left behind would go on training

@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-
 from agent_rl.benchmarks.common import RESULTS_DIR, RESUME, machine_info, runs_stop_with_this_process, stopped
 from agent_rl.benchmarks.credit_testbed import select_names
 from agent_rl.benchmarks.paired_stats import mean_interval, paired_difference
@@ -77,8 +76,12 @@ the GiGPO methods add anchor credit, the graph methods graph credit."""
 # Every cell: the hf engine, one torch thread (results do not depend on --workers), no early stop,
 # greedy and sampled evaluation; otherwise the library's learner defaults.
 COMMON = (
-    "engine=hf", "trainer.torch_threads=1", "trainer.target_success=null", "trainer.eval_sampled=true",
-    "logging.tensorboard=false", "logging.console=false",
+    "engine=hf",
+    "trainer.torch_threads=1",
+    "trainer.target_success=null",
+    "trainer.eval_sampled=true",
+    "logging.tensorboard=false",
+    "logging.console=false",
 )
 
 # Sizes: the library's batches of 8 groups x 8 trajectories, as the main job's: on the Maze with the
@@ -106,33 +109,53 @@ SIZES = ("optim.minibatch_size=8", "trainer.iterations=20", "trainer.eval_every=
 def maze_overrides(steps: int, history: int, epsilon: float) -> tuple[str, ...]:
     """The main job's 4-room Maze (a locked door, a dead end) with ``steps`` steps and ``history`` past
     turns in the prompt, from the clone of an explorer whose turns are random with probability ``epsilon``."""
-    return ("env.id=agent_rl/Maze-v0",
-            "env.kwargs={n_rooms: 4, n_locked_doors: 1, dead_ends: 1, extra_edges: 0, n_distractors: 0, "
-            f"max_steps: {steps}, oracle: explore}}",
-            f"rollout.max_turns={steps}", f"rollout.history_turns={history}",
-            "rollout.max_new_tokens=12", "sft.mode=oracle", "sft.steps=800", f"sft.epsilon={epsilon}", "sft.episodes=2000",
-            "sft.perturb=0", "sft.dagger_episodes=0", *SIZES)
+    return (
+        "env.id=agent_rl/Maze-v0",
+        "env.kwargs={n_rooms: 4, n_locked_doors: 1, dead_ends: 1, extra_edges: 0, n_distractors: 0, "
+        f"max_steps: {steps}, oracle: explore}}",
+        f"rollout.max_turns={steps}",
+        f"rollout.history_turns={history}",
+        "rollout.max_new_tokens=12",
+        "sft.mode=oracle",
+        "sft.steps=800",
+        f"sft.epsilon={epsilon}",
+        "sft.episodes=2000",
+        "sft.perturb=0",
+        "sft.dagger_episodes=0",
+        *SIZES,
+    )
 
 
 FULL_GRID = (
     Environment(
         "maze",
-        "the main job's Maze (4 rooms, a locked door, a dead end, 20 steps) from the clone of an explorer that plays a random admissible action on 70% of its turns",
+        "the main job's Maze (4 rooms, a locked door, a dead end, 20 steps) from the clone of an explorer that plays "
+        "a random admissible action on 70% of its turns",
         maze_overrides(steps=20, history=1, epsilon=0.7),
         ("trajectory", "gigpo-state", "graph-state"),
     ),
     Environment(
         "minicode",
-        "MiniCode level 1 (feedback never repeats verbatim), 4 attempts, history 1, from the clone of a programmer who submits a flawed draft before an attempt with probability 0.8",
-        ("env.id=agent_rl/MiniCode-v0",
-         "env.kwargs={level: 1, n_tests: 3, max_steps: 4, reference: false, oracle: drafts, draft_rate: 0.8}",
-         "rollout.max_turns=4", "rollout.history_turns=1",
-         "rollout.max_new_tokens=24", "sft.mode=oracle", "sft.steps=600", "sft.perturb=0", "sft.dagger_episodes=0", *SIZES),
+        "MiniCode level 1 (feedback never repeats verbatim), 4 attempts, history 1, from the clone of a programmer "
+        "who submits a flawed draft before an attempt with probability 0.8",
+        (
+            "env.id=agent_rl/MiniCode-v0",
+            "env.kwargs={level: 1, n_tests: 3, max_steps: 4, reference: false, oracle: drafts, draft_rate: 0.8}",
+            "rollout.max_turns=4",
+            "rollout.history_turns=1",
+            "rollout.max_new_tokens=24",
+            "sft.mode=oracle",
+            "sft.steps=600",
+            "sft.perturb=0",
+            "sft.dagger_episodes=0",
+            *SIZES,
+        ),
         ("trajectory", "gigpo-fingerprint", "graph-fingerprint"),
     ),
     Environment(
         "maze-short",
-        "the same Maze with 12 steps and no history in the prompt, from the clone of an explorer that plays a random admissible action on 55% of its turns",
+        "the same Maze with 12 steps and no history in the prompt, from the clone of an explorer that plays a random "
+        "admissible action on 55% of its turns",
         maze_overrides(steps=12, history=0, epsilon=0.55),
         ("trajectory", "gigpo-state", "graph-state"),
         gated=False,
@@ -144,12 +167,25 @@ QUICK_GRID = (
     Environment(
         "maze",
         "a 2-room Maze, 4 steps (a smoke test of the pipeline)",
-        ("env.id=agent_rl/Maze-v0",
-         "env.kwargs={n_rooms: 2, n_locked_doors: 0, dead_ends: 0, extra_edges: 0, n_distractors: 0, max_steps: 4}",
-         "rollout.n_groups=2", "rollout.group_size=2", "rollout.max_turns=3", "rollout.history_turns=0",
-         "rollout.max_new_tokens=8", "sft.mode=oracle", "sft.steps=2", "sft.episodes=2", "sft.batch_size=4",
-         "optim.minibatch_size=4", "optim.epochs=1", "trainer.iterations=2", "trainer.eval_every=1", "trainer.eval_episodes=2",
-         "optim.micro_batch_size=8"),
+        (
+            "env.id=agent_rl/Maze-v0",
+            "env.kwargs={n_rooms: 2, n_locked_doors: 0, dead_ends: 0, extra_edges: 0, n_distractors: 0, max_steps: 4}",
+            "rollout.n_groups=2",
+            "rollout.group_size=2",
+            "rollout.max_turns=3",
+            "rollout.history_turns=0",
+            "rollout.max_new_tokens=8",
+            "sft.mode=oracle",
+            "sft.steps=2",
+            "sft.episodes=2",
+            "sft.batch_size=4",
+            "optim.minibatch_size=4",
+            "optim.epochs=1",
+            "trainer.iterations=2",
+            "trainer.eval_every=1",
+            "trainer.eval_episodes=2",
+            "optim.micro_batch_size=8",
+        ),
         ("trajectory", "gigpo-state", "graph-state"),
     ),
 )
@@ -204,8 +240,14 @@ class Job:
         """The job's config overrides, without its run directory and start model (which move with ``--out``)."""
         if self.method is None:  # its iteration-0 evaluation is every cell's of the seed
             return [*COMMON, *self.env.overrides, f"trainer.seed={self.seed}", "trainer.iterations=0"]
-        return [*COMMON, *self.env.overrides, *METHODS[self.method], "sft.mode=none", f"trainer.seed={self.seed}",
-                "trainer.eval_first=false"]
+        return [
+            *COMMON,
+            *self.env.overrides,
+            *METHODS[self.method],
+            "sft.mode=none",
+            f"trainer.seed={self.seed}",
+            "trainer.eval_first=false",
+        ]
 
     def command(self) -> list[str]:
         overrides = [*self.overrides(), f"trainer.run_dir={self.run_dir}"]
@@ -229,8 +271,9 @@ MOVING_SETTINGS = ("trainer.run_dir", "policy.name_or_path")
 def settings_of(job: Job) -> dict[str, Any]:
     """Every config value the job trains with (defaults included, so a changed default shows), as
     dotted keys, the way JSON gives them back."""
-    from agent_rl.config import config_to_dict
     from agent_rl.training.infra.checkpoint import flatten_config
+
+    from agent_rl.config import config_to_dict
 
     flat = json.loads(json.dumps(flatten_config(config_to_dict(config_of(job)))))
     return {key: value for key, value in flat.items() if key not in MOVING_SETTINGS}
@@ -239,8 +282,9 @@ def settings_of(job: Job) -> dict[str, Any]:
 def added_since(key: str, recorded: dict[str, Any], wanted: dict[str, Any]) -> bool:
     """Whether ``key`` is a config key added after the run was recorded, at its default: new keys
     default to what the code did before they existed, so such a run trained with that value."""
-    from agent_rl.config import Config, config_to_dict
     from agent_rl.training.infra.checkpoint import flatten_config
+
+    from agent_rl.config import Config, config_to_dict
 
     defaults = json.loads(json.dumps(flatten_config(config_to_dict(Config()))))
     return key not in recorded and key in defaults and wanted.get(key) == defaults[key]
@@ -255,13 +299,17 @@ def check_settings(job: Job, *, record: bool = False) -> None:
     wanted = settings_of(job)
     if not path.exists():
         if job.run_dir.exists() and any(job.run_dir.iterdir()):
-            raise MixedSettingsError(f"{job.run_dir} holds a run with no settings.json; move it away or use another --out")
+            raise MixedSettingsError(
+                f"{job.run_dir} holds a run with no settings.json; move it away or use another --out"
+            )
         if record:
             job.run_dir.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(wanted, indent=1, sort_keys=True) + "\n")
         return
     recorded = json.loads(path.read_text())
-    changed = [key for key in config_differences(recorded, wanted, MOVING_SETTINGS) if not added_since(key, recorded, wanted)]
+    changed = [
+        key for key in config_differences(recorded, wanted, MOVING_SETTINGS) if not added_since(key, recorded, wanted)
+    ]
     if changed:
         shown = "; ".join(f"{key}: {recorded.get(key)!r} there, {wanted.get(key)!r} now" for key in changed[:6])
         raise MixedSettingsError(
@@ -306,8 +354,10 @@ class Gate:
     def describe(self) -> str:
         failed = "failed: no comparison was run" if self.binding else "not met; this environment runs ungated"
         verdict = "passed" if self.passed else failed
-        return (f"pilot gate {verdict} (the baseline went from {100 * self.start:.1f}% to {100 * self.end:.1f}% "
-                f"sampled success, {self.gain:+.1f} points; {self.points:g} needed)")
+        return (
+            f"pilot gate {verdict} (the baseline went from {100 * self.start:.1f}% to {100 * self.end:.1f}% "
+            f"sampled success, {self.gain:+.1f} points; {self.points:g} needed)"
+        )
 
 
 def gate_ends(sampled: Sequence[float]) -> tuple[float, float]:
@@ -320,7 +370,9 @@ def pilot_gate(env: str, records: list[dict], points: float, binding: bool = Tru
     """The gate on a finished pilot's metrics: last two evaluations' mean against iteration 0."""
     evals = evaluations(records)
     if len(evals) < 3 or evals[0]["iteration"] != 0:
-        raise ValueError(f"{env}: the pilot needs its iteration-0 evaluation and two more, got {len(evals)} evaluations")
+        raise ValueError(
+            f"{env}: the pilot needs its iteration-0 evaluation and two more, got {len(evals)} evaluations"
+        )
     return Gate(env, *gate_ends([r["eval/sampled_success"] for r in evals]), points, binding)
 
 
@@ -334,8 +386,13 @@ def plan(grid: tuple[Environment, ...], seeds: int, out: Path) -> dict[str, list
         env_jobs = []
         for seed in range(seeds):
             warm = Job(env, seed, None, out / "sft" / env.name / f"seed{seed}")
-            env_jobs += [warm, *(Job(env, seed, method, out / "runs" / env.name / method / f"seed{seed}", warm)
-                                 for method in env.methods)]
+            env_jobs += [
+                warm,
+                *(
+                    Job(env, seed, method, out / "runs" / env.name / method / f"seed{seed}", warm)
+                    for method in env.methods
+                ),
+            ]
         jobs[env.name] = env_jobs
     return jobs
 
@@ -353,13 +410,20 @@ def launch_order(env_jobs: list[Job]) -> list[Job]:
 
 def finished_gates(jobs: dict[str, list[Job]], gate_points: float) -> dict[str, Gate]:
     """The gates of the environments whose pilot has finished."""
-    return {name: pilot_gate(name, cell_records(pilot_of(env_jobs)), gate_points, env_jobs[0].env.gated)
-            for name, env_jobs in jobs.items() if pilot_of(env_jobs).done}
+    return {
+        name: pilot_gate(name, cell_records(pilot_of(env_jobs)), gate_points, env_jobs[0].env.gated)
+        for name, env_jobs in jobs.items()
+        if pilot_of(env_jobs).done
+    }
 
 
 def rebuilds_needed(pending: list[Job]) -> list[Job]:
     """Warm starts to train again: those that lack their checkpoint while a cell of theirs is pending."""
-    lacking = {id(job.warm_start): job.warm_start for job in pending if job.warm_start is not None and job.warm_start.lacks_model}
+    lacking = {
+        id(job.warm_start): job.warm_start
+        for job in pending
+        if job.warm_start is not None and job.warm_start.lacks_model
+    }
     return [Job(warm.env, warm.seed, None, warm.run_dir / "rebuild", rebuilds=warm) for warm in lacking.values()]
 
 
@@ -373,9 +437,11 @@ def adopt_rebuild(job: Job) -> None:
         return {key: value for key, value in read_metrics(run_dir)[0].items() if key.startswith("eval/")}
 
     if evaluation(job.run_dir) != evaluation(job.rebuilds.run_dir):
-        raise CellFailed(f"{job.name} was trained again (its checkpoint was not there), and its iteration-0 evaluation "
-                         f"differs from the one recorded in {job.rebuilds.run_dir}: the seed's cells would not share one "
-                         "warm start. Retrain the whole seed: delete its warm start's and cells' directories.")
+        raise CellFailed(
+            f"{job.name} was trained again (its checkpoint was not there), and its iteration-0 evaluation "
+            f"differs from the one recorded in {job.rebuilds.run_dir}: the seed's cells would not share one "
+            "warm start. Retrain the whole seed: delete its warm start's and cells' directories."
+        )
     os.replace(job.run_dir / "checkpoints", job.rebuilds.run_dir / "checkpoints")
     shutil.rmtree(job.run_dir)
 
@@ -403,7 +469,9 @@ def run_grid(jobs: dict[str, list[Job]], *, workers: int, gate_points: float, pr
 
     def ready(job: Job) -> bool:
         pilot = pilot_of(jobs[job.env.name])
-        gated = job.env.gated and job is not pilot and not (job.method is None and job.seed == pilot.seed)  # pilot's warm start
+        gated = (
+            job.env.gated and job is not pilot and not (job.method is None and job.seed == pilot.seed)
+        )  # pilot's warm start
         warm = job.warm_start
         return (warm is None or (warm.done and not warm.lacks_model)) and (not gated or job.env.name in gates)
 
@@ -428,8 +496,12 @@ def run_grid(jobs: dict[str, list[Job]], *, workers: int, gate_points: float, pr
                         break
                     check_settings(job, record=True)
                     with (job.run_dir / "train.log").open("a") as log:
-                        process = subprocess.Popen(job.command(), stdout=log, stderr=subprocess.STDOUT,
-                                                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+                        process = subprocess.Popen(
+                            job.command(),
+                            stdout=log,
+                            stderr=subprocess.STDOUT,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"},
+                        )
                     running[id(job)] = (job, process, progress.add_task(f"  {job.name}", total=units[id(job)]))
             time.sleep(1.0)
             for key, (job, process, task) in list(running.items()):
@@ -510,8 +582,10 @@ def summarize(jobs: dict[str, list[Job]], gates: dict[str, Gate], gate_points: f
     summary: dict[str, Any] = {}
     for name, env_jobs in jobs.items():
         env = env_jobs[0].env
-        cells = {m: {job.seed: cell_summary(cell_records(job)) for job in env_jobs if job.method == m and job.done}
-                 for m in env.methods}
+        cells = {
+            m: {job.seed: cell_summary(cell_records(job)) for job in env_jobs if job.method == m and job.done}
+            for m in env.methods
+        }
         learned_seeds = sorted(s for s, cell in cells[env.methods[0]].items() if cell["gain_points"] >= gate_points)
         methods = {}
         for method, seeds in cells.items():
@@ -519,36 +593,51 @@ def summarize(jobs: dict[str, list[Job]], gates: dict[str, Gate], gate_points: f
             if seeds:
                 for key in (*PAIRED_METRICS, "grouped_fraction", "mean_anchor_group_size", "credit_share_of_iteration"):
                     values = [s[key] for s in seeds.values() if s[key] is not None]
-                    result[key] = {**dict(zip(("mean", "ci95"), mean_interval(np.array(values)))), "n": len(values)} if values else None
+                    result[key] = (
+                        {**dict(zip(("mean", "ci95"), mean_interval(np.array(values)))), "n": len(values)}
+                        if values
+                        else None
+                    )
                 curves = np.array([s["sampled_success"] for s in seeds.values()])
-                result["curve"] = {"iterations": next(iter(seeds.values()))["iterations"], "sampled_mean": curves.mean(0).tolist(),
-                                   "greedy_mean": np.array([s["greedy_success"] for s in seeds.values()]).mean(0).tolist()}
+                result["curve"] = {
+                    "iterations": next(iter(seeds.values()))["iterations"],
+                    "sampled_mean": curves.mean(0).tolist(),
+                    "greedy_mean": np.array([s["greedy_success"] for s in seeds.values()]).mean(0).tolist(),
+                }
             baseline = cells[env.methods[0]]
             paired = sorted(set(seeds) & set(baseline))
 
             def compare(key: str, on: list[int]) -> dict[str, Any]:
-                difference = paired_difference(np.array([seeds[s][key] for s in on]), np.array([baseline[s][key] for s in on]))
+                difference = paired_difference(
+                    np.array([seeds[s][key] for s in on]), np.array([baseline[s][key] for s in on])
+                )
                 return {**difference.as_dict(), "per_seed": [seeds[s][key] - baseline[s][key] for s in on]}
 
             if method != env.methods[0] and len(paired) >= 2:
                 result["paired"] = {"seeds": paired, **{key: compare(key, paired) for key in PAIRED_METRICS}}
                 where_learned = [s for s in paired if s in learned_seeds]
                 if len(where_learned) >= 2 and where_learned != paired:
-                    result["paired_where_baseline_learned"] = {"seeds": where_learned,
-                                                               "sampled_auc": compare("sampled_auc", where_learned)}
+                    result["paired_where_baseline_learned"] = {
+                        "seeds": where_learned,
+                        "sampled_auc": compare("sampled_auc", where_learned),
+                    }
             methods[method] = result
         warm_starts = [read_metrics(job.run_dir) for job in env_jobs if job.method is None and job.done]
         gate = gates.get(name)
         summary[name] = {
             "description": env.description,
             "baseline": env.methods[0],
-            "gate": None if gate is None else {**vars(gate), "gain": gate.gain, "passed": gate.passed, "text": gate.describe()},
+            "gate": None
+            if gate is None
+            else {**vars(gate), "gain": gate.gain, "passed": gate.passed, "text": gate.describe()},
             "baseline_gain_points": {seed: cell["gain_points"] for seed, cell in sorted(cells[env.methods[0]].items())},
             "baseline_learned_seeds": learned_seeds,
             "gate_points": gate_points,
             "methods": methods,
             "compute_seconds": {  # as the runs log it, each on one torch thread
-                "cells": sum(cell["training_seconds"] for method_cells in cells.values() for cell in method_cells.values()),
+                "cells": sum(
+                    cell["training_seconds"] for method_cells in cells.values() for cell in method_cells.values()
+                ),
                 "warm_starts": sum(records[-1]["time/elapsed"] for records in warm_starts),
             },
         }
@@ -569,44 +658,70 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
         gains = env["baseline_gain_points"]
         if gains:
             learned = len(env["baseline_learned_seeds"])
-            lines.append(f"- The baseline's gain by the gate's rule, per seed: "
-                         f"{', '.join(f'seed {seed} {g:+.1f}' for seed, g in gains.items())} points; "
-                         f"{env['gate_points']:g} or more on {learned} of {len(gains)} seeds.")
+            lines.append(
+                f"- The baseline's gain by the gate's rule, per seed: "
+                f"{', '.join(f'seed {seed} {g:+.1f}' for seed, g in gains.items())} points; "
+                f"{env['gate_points']:g} or more on {learned} of {len(gains)} seeds."
+            )
         compute, n_cells = env["compute_seconds"], sum(len(r["seeds"]) for r in env["methods"].values())
-        lines.append(f"- Compute: {n_cells} cells and their warm starts took {sum(compute.values()) / 3600:.2f} core-hours "
-                     f"(cells {compute['cells'] / 3600:.2f}, warm starts {compute['warm_starts'] / 3600:.2f}), one torch thread each.")
-        lines += ["", "| method | seeds | sampled AUC | vs baseline (95% CI) | Wilcoxon p | wins/losses | per-seed difference | "
-                  "greedy AUC vs baseline | final sampled | final invalid rate | steps in anchor groups >= 2 | credit's share of time |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"- Compute: {n_cells} cells and their warm starts took {sum(compute.values()) / 3600:.2f} core-hours "
+            f"(cells {compute['cells'] / 3600:.2f}, warm starts {compute['warm_starts'] / 3600:.2f}), one torch "
+            "thread each."
+        )
+        lines += [
+            "",
+            "| method | seeds | sampled AUC | vs baseline (95% CI) | Wilcoxon p | wins/losses | per-seed difference | "
+            "greedy AUC vs baseline | final sampled | final invalid rate | steps in anchor groups >= 2 | credit's "
+            "share of time |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for method, r in env["methods"].items():
             if not r["seeds"]:
                 continue
             paired = r.get("paired")
             if paired:
                 auc, greedy = paired["sampled_auc"], paired["greedy_auc"]
-                versus = (f"{100 * auc['mean']:+.1f} [{100 * auc['ci_low']:+.1f}, {100 * auc['ci_high']:+.1f}] | "
-                          f"{auc['wilcoxon_p']:.2g} | {auc['wins']}/{auc['losses']} | "
-                          f"{', '.join(f'{100 * d:+.1f}' for d in auc['per_seed'])} | "
-                          f"{100 * greedy['mean']:+.1f} [{100 * greedy['ci_low']:+.1f}, {100 * greedy['ci_high']:+.1f}]")
+                versus = (
+                    f"{100 * auc['mean']:+.1f} [{100 * auc['ci_low']:+.1f}, {100 * auc['ci_high']:+.1f}] | "
+                    f"{auc['wilcoxon_p']:.2g} | {auc['wins']}/{auc['losses']} | "
+                    f"{', '.join(f'{100 * d:+.1f}' for d in auc['per_seed'])} | "
+                    f"{100 * greedy['mean']:+.1f} [{100 * greedy['ci_low']:+.1f}, {100 * greedy['ci_high']:+.1f}]"
+                )
             else:
                 versus = "- | - | - | - | -"
             grouped = "-" if r["grouped_fraction"] is None else f"{100 * r['grouped_fraction']['mean']:.0f}%"
-            lines.append(f"| {method} | {len(r['seeds'])} | {_points(r['sampled_auc'])} | {versus} | "
-                         f"{_points(r['final_sampled_success'])} | {_points(r['final_invalid_rate'])} | {grouped} | "
-                         f"{100 * r['credit_share_of_iteration']['mean']:.2f}% |")
-        sensitivity = {m: r["paired_where_baseline_learned"] for m, r in env["methods"].items() if "paired_where_baseline_learned" in r}
+            lines.append(
+                f"| {method} | {len(r['seeds'])} | {_points(r['sampled_auc'])} | {versus} | "
+                f"{_points(r['final_sampled_success'])} | {_points(r['final_invalid_rate'])} | {grouped} | "
+                f"{100 * r['credit_share_of_iteration']['mean']:.2f}% |"
+            )
+        sensitivity = {
+            m: r["paired_where_baseline_learned"]
+            for m, r in env["methods"].items()
+            if "paired_where_baseline_learned" in r
+        }
         if sensitivity:
-            lines += ["", f"Sampled AUC vs baseline on the seeds where the baseline gained {env['gate_points']:g} points or more "
-                      "(a sensitivity check, chosen after the fact):", "",
-                      "| method | seeds | vs baseline (95% CI) | Wilcoxon p | per-seed difference |", "|---|---|---|---|---|"]
+            lines += [
+                "",
+                f"Sampled AUC vs baseline on the seeds where the baseline gained {env['gate_points']:g} points or more "
+                "(a sensitivity check, chosen after the fact):",
+                "",
+                "| method | seeds | vs baseline (95% CI) | Wilcoxon p | per-seed difference |",
+                "|---|---|---|---|---|",
+            ]
             for method, view in sensitivity.items():
                 auc = view["sampled_auc"]
-                lines.append(f"| {method} | {', '.join(map(str, view['seeds']))} | "
-                             f"{100 * auc['mean']:+.1f} [{100 * auc['ci_low']:+.1f}, {100 * auc['ci_high']:+.1f}] | "
-                             f"{auc['wilcoxon_p']:.2g} | {', '.join(f'{100 * d:+.1f}' for d in auc['per_seed'])} |")
+                lines.append(
+                    f"| {method} | {', '.join(map(str, view['seeds']))} | "
+                    f"{100 * auc['mean']:+.1f} [{100 * auc['ci_low']:+.1f}, {100 * auc['ci_high']:+.1f}] | "
+                    f"{auc['wilcoxon_p']:.2g} | {', '.join(f'{100 * d:+.1f}' for d in auc['per_seed'])} |"
+                )
         lines.append("")
-    lines.append("Success in percent; differences in points, method minus baseline on the same seed. AUC: the mean "
-                 "height of the sampled-success curve over the evaluated iterations.")
+    lines.append(
+        "Success in percent; differences in points, method minus baseline on the same seed. AUC: the mean "
+        "height of the sampled-success curve over the evaluated iterations."
+    )
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -644,8 +759,15 @@ def plot(summary: dict[str, Any], out: Path) -> None:
         fig, ax = plt.subplots(figsize=(7.5, 0.9 + 0.6 * len(paired)))
         for row, (method, d) in enumerate(paired.items()):
             ax.scatter(100 * np.array(d["per_seed"]), np.full(len(d["per_seed"]), row), color="0.5", s=14, zorder=2)
-            ax.errorbar(100 * d["mean"], row, xerr=[[100 * (d["mean"] - d["ci_low"])], [100 * (d["ci_high"] - d["mean"])]],
-                        fmt="o", color="C0", capsize=4, zorder=3)
+            ax.errorbar(
+                100 * d["mean"],
+                row,
+                xerr=[[100 * (d["mean"] - d["ci_low"])], [100 * (d["ci_high"] - d["mean"])]],
+                fmt="o",
+                color="C0",
+                capsize=4,
+                zorder=3,
+            )
         ax.axvline(0, color="k", lw=0.8)
         ax.set_yticks(range(len(paired)), list(paired))
         ax.set_xlabel(f"sampled-success AUC minus {env['baseline']}'s (points): seeds, mean and 95% CI")
@@ -663,10 +785,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--envs", help="comma-separated subset of the grid's environments")
     parser.add_argument("--methods", help="comma-separated subset of the methods (each environment keeps its baseline)")
     parser.add_argument("--seeds", type=int, help=f"paired seeds 0..N-1 (default {FULL_SEEDS}; --quick {QUICK_SEEDS})")
-    parser.add_argument("--workers", type=int, default=2, help="cells trained at once, one torch thread each (default 2)")
-    parser.add_argument("--gate", type=float, default=GATE_POINTS, help=f"points the pilot must gain (default {GATE_POINTS:g})")
+    parser.add_argument(
+        "--workers", type=int, default=2, help="cells trained at once, one torch thread each (default 2)"
+    )
+    parser.add_argument(
+        "--gate", type=float, default=GATE_POINTS, help=f"points the pilot must gain (default {GATE_POINTS:g})"
+    )
     parser.add_argument("--out", type=Path, help="output directory")
-    parser.add_argument("--report", action="store_true", help="write the report on the cells finished so far; train nothing")
+    parser.add_argument(
+        "--report", action="store_true", help="write the report on the cells finished so far; train nothing"
+    )
     args = parser.parse_args(argv)
     grid, seeds = (QUICK_GRID, QUICK_SEEDS) if args.quick else (FULL_GRID, FULL_SEEDS)
     try:
@@ -675,20 +803,42 @@ def main(argv: list[str] | None = None) -> int:
             grid = tuple(env for env in grid if env.name in names)
         if args.methods:
             names = select_names("method", args.methods.split(","), {m: m for env in grid for m in env.methods})
-            grid = tuple(Environment(env.name, env.description, env.overrides,
-                                     tuple(m for m in env.methods if m == env.methods[0] or m in names)) for env in grid)
+            grid = tuple(
+                Environment(
+                    env.name,
+                    env.description,
+                    env.overrides,
+                    tuple(m for m in env.methods if m == env.methods[0] or m in names),
+                )
+                for env in grid
+            )
         seeds = args.seeds if args.seeds is not None else seeds
         if seeds < 2 or args.workers < 1:
-            raise ValueError(f"need --seeds >= 2 (paired differences) and --workers >= 1, got {seeds} and {args.workers}")
+            raise ValueError(
+                f"need --seeds >= 2 (paired differences) and --workers >= 1, got {seeds} and {args.workers}"
+            )
     except ValueError as exc:
         parser.error(str(exc))
     out = args.out or RESULTS_DIR / ("credit_grid_quick" if args.quick else "credit_grid")
     out.mkdir(parents=True, exist_ok=True)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     jobs = plan(grid, seeds, out)
     start = time.perf_counter()
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
     try:
         if args.report:
             for job in (job for env_jobs in jobs.values() for job in env_jobs):
@@ -704,10 +854,16 @@ def main(argv: list[str] | None = None) -> int:
         return stopped("credit_assignment", exc)
     summary = summarize(jobs, gates, args.gate)
     payload = {
-        "machine": machine_info(), "quick": args.quick, "seeds": seeds, "gate_points": args.gate, "workers": args.workers,
+        "machine": machine_info(),
+        "quick": args.quick,
+        "seeds": seeds,
+        "gate_points": args.gate,
+        "workers": args.workers,
         "wall_s_of_this_invocation": time.perf_counter() - start,
-        "grid": {env.name: {"overrides": [*COMMON, *env.overrides], "methods": {m: list(METHODS[m]) for m in env.methods}}
-                 for env in grid},
+        "grid": {
+            env.name: {"overrides": [*COMMON, *env.overrides], "methods": {m: list(METHODS[m]) for m in env.methods}}
+            for env in grid
+        },
         "results": summary,
     }
     (out / "summary.json").write_text(json.dumps(payload, indent=2) + "\n")

@@ -17,11 +17,17 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+from agent_rl.benchmarks.common import best_of, write_result
 from rich.console import Console
 from rich.table import Table
 
-from agent_rl.advantages import discounted_returns, episode_advantages, graph_advantages, graph_progress, step_advantages
-from agent_rl.benchmarks.common import best_of, write_result
+from agent_rl.advantages import (
+    discounted_returns,
+    episode_advantages,
+    graph_advantages,
+    graph_progress,
+    step_advantages,
+)
 
 GAMMA = 0.95
 STEP_WEIGHT = 1.0
@@ -41,12 +47,19 @@ def synthetic_batch(n_rows: int, seed: int = 0) -> dict[str, np.ndarray]:
     group = traj // GROUP_SIZE
     last = np.r_[traj[1:] != traj[:-1], True]
     rewards = np.where(last & (rng.random(n_rows) < 0.5), 1.0, 0.0)
-    keys = (group.astype(np.uint64) * np.uint64(1_000_003)) + rng.integers(0, STATES_PER_GROUP, n_rows).astype(np.uint64)
+    keys = (group.astype(np.uint64) * np.uint64(1_000_003)) + rng.integers(0, STATES_PER_GROUP, n_rows).astype(
+        np.uint64
+    )
     # Interleave trajectories the way a batched rollout does: ordered by turn, then trajectory.
     t = np.arange(n_rows) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     order = np.lexsort((traj, t))
-    return {"rewards": rewards[order], "traj": traj[order], "group": group[order], "keys": keys[order],
-            "done": last[order]}
+    return {
+        "rewards": rewards[order],
+        "traj": traj[order],
+        "group": group[order],
+        "keys": keys[order],
+        "done": last[order],
+    }
 
 
 def vectorized(batch: dict[str, np.ndarray]) -> np.ndarray:
@@ -124,7 +137,9 @@ def main() -> None:
         lists_seconds = best_of(lambda: per_row_loop(*as_lists), repeats=LOOP_REPEATS)
         vector_seconds = best_of(lambda: vectorized(batch), repeats=20 if n <= 100_000 else 5)
         graph_seconds = best_of(lambda: graph_credit(batch), repeats=20 if n <= 100_000 else 5)
-        frac_revisited = float(np.mean(np.unique(np.c_[batch["group"], batch["keys"]], axis=0, return_counts=True)[1] > 1))
+        frac_revisited = float(
+            np.mean(np.unique(np.c_[batch["group"], batch["keys"]], axis=0, return_counts=True)[1] > 1)
+        )
         rows.append(
             {
                 "rows": n,
@@ -139,24 +154,36 @@ def main() -> None:
                 "frac_anchor_groups_revisited": frac_revisited,
             }
         )
-        console.log(f"{n:>9,} rows: vectorized {vector_seconds * 1e3:.1f} ms, loop {loop_seconds * 1e3:.1f} ms "
-                    f"({loop_seconds / vector_seconds:.1f}x), loop on lists {lists_seconds * 1e3:.1f} ms "
-                    f"({lists_seconds / vector_seconds:.1f}x); graph credit {graph_seconds * 1e3:.1f} ms")
+        console.log(
+            f"{n:>9,} rows: vectorized {vector_seconds * 1e3:.1f} ms, loop {loop_seconds * 1e3:.1f} ms "
+            f"({loop_seconds / vector_seconds:.1f}x), loop on lists {lists_seconds * 1e3:.1f} ms "
+            f"({lists_seconds / vector_seconds:.1f}x); graph credit {graph_seconds * 1e3:.1f} ms"
+        )
     table = Table(title="discounted_returns + episode_advantages + step_advantages")
     for column in ("rows", "vectorized (ms)", "loop (ms)", "speedup", "loop on lists (ms)", "speedup"):
         table.add_column(column, justify="right")
     for r in rows:
         table.add_row(
-            f"{r['rows']:,}", f"{r['vectorized_s'] * 1e3:.1f}", f"{r['loop_s'] * 1e3:.1f}", f"{r['speedup']:.1f}x",
-            f"{r['loop_on_python_lists_s'] * 1e3:.1f}", f"{r['speedup_vs_python_lists']:.1f}x",
+            f"{r['rows']:,}",
+            f"{r['vectorized_s'] * 1e3:.1f}",
+            f"{r['loop_s'] * 1e3:.1f}",
+            f"{r['speedup']:.1f}x",
+            f"{r['loop_on_python_lists_s'] * 1e3:.1f}",
+            f"{r['speedup_vs_python_lists']:.1f}x",
         )
     console.print(table)
     path = write_result(
         "credit_ops",
-        {"benchmark": "credit_ops", "gamma": GAMMA, "group_size": GROUP_SIZE, "states_per_group": STATES_PER_GROUP,
-         "timing": f"best of {LOOP_REPEATS} runs for the loops, of 20 (5 at 1M rows) for the vectorized code",
-         "loop": "per_row_loop iterates the same numpy input arrays row by row with dicts; "
-                 "loop_on_python_lists_s runs it on .tolist() copies (conversion not timed)", "results": rows},
+        {
+            "benchmark": "credit_ops",
+            "gamma": GAMMA,
+            "group_size": GROUP_SIZE,
+            "states_per_group": STATES_PER_GROUP,
+            "timing": f"best of {LOOP_REPEATS} runs for the loops, of 20 (5 at 1M rows) for the vectorized code",
+            "loop": "per_row_loop iterates the same numpy input arrays row by row with dicts; "
+            "loop_on_python_lists_s runs it on .tolist() copies (conversion not timed)",
+            "results": rows,
+        },
         args.out,
     )
     console.print(f"wrote {path}")

@@ -44,10 +44,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from agent_rl.advantages import compute_advantages
-from agent_rl.batch import StepBatch
-from agent_rl.config import AlgorithmConfig, resolve_algorithm
 from agent_rl.anchors import compute_anchor_keys
 from agent_rl.benchmarks.common import RESULTS_DIR, machine_info
 from agent_rl.benchmarks.paired_stats import mean_interval, paired_difference
@@ -57,6 +53,10 @@ from agent_rl.benchmarks.testbed.explore import Tables, TaskGraph, build_tables,
 from agent_rl.benchmarks.testbed.learner import policy_gradient_step, unit_mean_abs
 from agent_rl.benchmarks.testbed.simulator import Rollout, initial_logits, rollout
 from agent_rl.envs import EVAL_SEED_BASE
+
+from agent_rl.advantages import compute_advantages
+from agent_rl.batch import StepBatch
+from agent_rl.config import AlgorithmConfig, resolve_algorithm
 
 # ---- settings ------------------------------------------------------------------------------------
 
@@ -149,8 +149,9 @@ ARMS: dict[str, Arm] = {
     "gigpo-context1": Arm(GIGPO, anchor="context", history_turns=1, reference="gigpo"),
     "gigpo-context2": Arm(GIGPO, anchor="context", history_turns=2, reference="gigpo"),
     "graph": Arm({**GIGPO, "step_credit": "graph"}, reference="gigpo"),
-    "graph-mean_std": Arm({**GIGPO, "advantage": "grpo", "step_normalize": "mean_std", "step_credit": "graph"},
-                          reference="gigpo-mean_std"),
+    "graph-mean_std": Arm(
+        {**GIGPO, "advantage": "grpo", "step_normalize": "mean_std", "step_credit": "graph"}, reference="gigpo-mean_std"
+    ),
     "grpo-g8": Arm({"preset": "grpo"}, group_size=8, baseline="grpo-g8"),
     "gigpo-g8": Arm(GIGPO, group_size=8, baseline="grpo-g8"),
     "graph-g8": Arm({**GIGPO, "step_credit": "graph"}, group_size=8, baseline="grpo-g8", reference="gigpo-g8"),
@@ -183,8 +184,13 @@ class Settings:
     """Processes exploring tasks and training arms (1: all in this process)."""
 
 
-QUICK = Settings(seeds=6, tasks=2, updates=3, workers=1,
-                 arms=("grpo", "gigpo", "step-only", "gigpo-similarity", "gigpo-context1", "graph", "grpo-g8", "gigpo-g8"))
+QUICK = Settings(
+    seeds=6,
+    tasks=2,
+    updates=3,
+    workers=1,
+    arms=("grpo", "gigpo", "step-only", "gigpo-similarity", "gigpo-context1", "graph", "grpo-g8", "gigpo-g8"),
+)
 
 
 def select_names(kind: str, requested: list[str], valid: dict[str, Any]) -> tuple[str, ...]:
@@ -226,13 +232,15 @@ def explore_task(job: tuple[str, int, bool]) -> TaskGraph:
 def anchor_keys(arm: Arm, tables: Tables, batch: Rollout) -> np.ndarray:
     """``agent_rl.anchors.compute_anchor_keys`` on the rows' recorded strings, as the trainer calls it."""
     if arm.anchor == "similarity":
-        return compute_anchor_keys("similarity", observations=tables.observations[batch.observation_id].tolist(),
-                                   group_ids=batch.task)
+        return compute_anchor_keys(
+            "similarity", observations=tables.observations[batch.observation_id].tolist(), group_ids=batch.task
+        )
     states = tables.anchors[tables.anchor_id[batch.state]].tolist()
     if arm.anchor == "context":
         actions = tables.actions[tables.action_id[batch.state, batch.action]].tolist()
-        return compute_anchor_keys("context", states=states, actions=actions, traj_ids=batch.traj,
-                                   history_turns=arm.history_turns)
+        return compute_anchor_keys(
+            "context", states=states, actions=actions, traj_ids=batch.traj, history_turns=arm.history_turns
+        )
     return compute_anchor_keys(arm.anchor, states=states)
 
 
@@ -258,8 +266,12 @@ def common_noise(settings: Settings, env_index: int, max_steps: int) -> list[np.
     max_steps): common random numbers, so arms differ only where their policies differ. Seed
     ``s``'s numbers depend on (environment, s, update) only, not on how many seeds run."""
     return [
-        np.concatenate([np.random.default_rng([env_index, seed, update]).random((settings.tasks, MAX_GROUP_SIZE, max_steps))
-                        for seed in range(settings.seeds)])
+        np.concatenate(
+            [
+                np.random.default_rng([env_index, seed, update]).random((settings.tasks, MAX_GROUP_SIZE, max_steps))
+                for seed in range(settings.seeds)
+            ]
+        )
         for update in range(settings.updates)
     ]
 
@@ -272,8 +284,15 @@ def per_seed(values: np.ndarray, settings: Settings) -> np.ndarray:
     return values.reshape(settings.seeds, settings.tasks).mean(axis=1)
 
 
-def train_arm(arm: Arm, view: str, tables: Tables, settings: Settings, noise: list[np.ndarray],
-              evaluations: list[int], initial_success: np.ndarray) -> ArmResult:
+def train_arm(
+    arm: Arm,
+    view: str,
+    tables: Tables,
+    settings: Settings,
+    noise: list[np.ndarray],
+    evaluations: list[int],
+    initial_success: np.ndarray,
+) -> ArmResult:
     """Train every seed's policy with one arm for ``settings.updates`` updates; exact success at
     each of the ``evaluations`` (update counts; the first, 0, is the uniform policy's
     ``initial_success``, the same for every arm)."""
@@ -283,8 +302,15 @@ def train_arm(arm: Arm, view: str, tables: Tables, settings: Settings, noise: li
     result.success[:, 0] = initial_success
     for update in range(settings.updates):
         batch = rollout(tables, logits, noise[update][:, : arm.group_size])  # a smaller group: the first members
-        steps = StepBatch.for_credit(batch.task, batch.traj, batch.reward, anchor_key=anchor_keys(arm, tables, batch),
-                                     action_valid=batch.valid, won=batch.won, truncated=~batch.terminated)
+        steps = StepBatch.for_credit(
+            batch.task,
+            batch.traj,
+            batch.reward,
+            anchor_key=anchor_keys(arm, tables, batch),
+            action_valid=batch.valid,
+            won=batch.won,
+            truncated=~batch.terminated,
+        )
         credit = compute_advantages(steps, algo)
         advantages = credit.advantages
         metrics = credit.metrics()
@@ -306,8 +332,19 @@ _WORKER_STATE: dict[str, Any] = {}
 def _train_job(job: tuple[str, str]) -> tuple[str, str, ArmResult]:
     view, name = job
     shared = _WORKER_STATE
-    return view, name, train_arm(ARMS[name], view, shared["tables"], shared["settings"], shared["noise"],
-                                 shared["evaluations"], shared["initial_success"])
+    return (
+        view,
+        name,
+        train_arm(
+            ARMS[name],
+            view,
+            shared["tables"],
+            shared["settings"],
+            shared["noise"],
+            shared["evaluations"],
+            shared["initial_success"],
+        ),
+    )
 
 
 def _pool(workers: int):
@@ -340,41 +377,71 @@ def summarize_env(results: dict[str, dict[str, ArmResult]], evaluations: list[in
             }
             baseline, reference = ARMS[name].baseline, ARMS[name].reference
             if baseline != name:
-                entry["vs_baseline"] = {"baseline": baseline,
-                                        **paired_difference(final, arms[baseline].success[:, -1]).as_dict()}
+                entry["vs_baseline"] = {
+                    "baseline": baseline,
+                    **paired_difference(final, arms[baseline].success[:, -1]).as_dict(),
+                }
             if reference in arms:
-                entry["vs_reference"] = {"reference": reference,
-                                         **paired_difference(final, arms[reference].success[:, -1]).as_dict()}
+                entry["vs_reference"] = {
+                    "reference": reference,
+                    **paired_difference(final, arms[reference].success[:, -1]).as_dict(),
+                }
             summary[view][name] = entry
     return summary
 
 
 def write_markdown(summary: dict[str, Any], path: Path) -> None:
     settings = summary["settings"]
-    lines = [f"Credit testbed: {settings['seeds']} paired seeds x {settings['tasks']} tasks, {settings['updates']} "
-             f"updates, lr {settings['lr']}. Success is the exact sampled success on the trained tasks after the last "
-             "update (percent); differences are paired per seed against the baseline (points).", ""]
+    lines = [
+        f"Credit testbed: {settings['seeds']} paired seeds x {settings['tasks']} tasks, {settings['updates']} "
+        f"updates, lr {settings['lr']}. Success is the exact sampled success on the trained tasks after the last "
+        "update (percent); differences are paired per seed against the baseline (points).",
+        "",
+    ]
     for env, data in summary["envs"].items():
         states = data["states_per_task"]
-        lines += [f"### {env}", "", f"{data['description']}. States per task: {states['mean']:.0f} (min {states['min']}, "
-                  f"max {states['max']}); uniform-policy success {100 * data['uniform_success']:.1f}%.", ""]
+        lines += [
+            f"### {env}",
+            "",
+            f"{data['description']}. States per task: {states['mean']:.0f} (min {states['min']}, "
+            f"max {states['max']}); uniform-policy success {100 * data['uniform_success']:.1f}%.",
+            "",
+        ]
         for view, arms in data["views"].items():
             title = "Equal mean |A| per batch (primary view)" if view == "equal" else "Raw advantage scale"
-            lines += [f"{title}:", "",
-                      "| arm | final success (95% CI) | difference vs baseline (95% CI) | Wilcoxon p | wins/losses "
-                      "| difference vs reference (95% CI), p | rows in anchor groups >= 2 | raw mean abs(A) |",
-                      "|---|---|---|---|---|---|---|---|"]
+            lines += [
+                f"{title}:",
+                "",
+                "| arm | final success (95% CI) | difference vs baseline (95% CI) | Wilcoxon p | wins/losses "
+                "| difference vs reference (95% CI), p | rows in anchor groups >= 2 | raw mean abs(A) |",
+                "|---|---|---|---|---|---|---|---|",
+            ]
             for arm, r in arms.items():
                 diff, ref = r.get("vs_baseline"), r.get("vs_reference")
-                cells = ("-", "-", "-") if diff is None else (
-                    f"{100 * diff['mean']:+.1f} [{100 * diff['ci_low']:+.1f}, {100 * diff['ci_high']:+.1f}] vs {diff['baseline']}",
-                    f"{diff['wilcoxon_p']:.2g}", f"{diff['wins']}/{diff['losses']}")
-                versus = "-" if ref is None else (
-                    f"{100 * ref['mean']:+.1f} [{100 * ref['ci_low']:+.1f}, {100 * ref['ci_high']:+.1f}] vs {ref['reference']}, "
-                    f"{ref['wilcoxon_p']:.2g}")
-                lines.append(f"| {arm} | {100 * r['final_success']['mean']:.1f} ± {100 * r['final_success']['ci95']:.1f} | "
-                             f"{' | '.join(cells)} | {versus} | {100 * r['grouped_fraction']:.0f}% | "
-                             f"{r['raw_mean_abs_advantage']:.3f} |")
+                cells = (
+                    ("-", "-", "-")
+                    if diff is None
+                    else (
+                        f"{100 * diff['mean']:+.1f} [{100 * diff['ci_low']:+.1f}, {100 * diff['ci_high']:+.1f}] vs "
+                        f"{diff['baseline']}",
+                        f"{diff['wilcoxon_p']:.2g}",
+                        f"{diff['wins']}/{diff['losses']}",
+                    )
+                )
+                versus = (
+                    "-"
+                    if ref is None
+                    else (
+                        f"{100 * ref['mean']:+.1f} [{100 * ref['ci_low']:+.1f}, {100 * ref['ci_high']:+.1f}] vs "
+                        f"{ref['reference']}, "
+                        f"{ref['wilcoxon_p']:.2g}"
+                    )
+                )
+                lines.append(
+                    f"| {arm} | {100 * r['final_success']['mean']:.1f} ± {100 * r['final_success']['ci95']:.1f} | "
+                    f"{' | '.join(cells)} | {versus} | {100 * r['grouped_fraction']:.0f}% | "
+                    f"{r['raw_mean_abs_advantage']:.3f} |"
+                )
             lines.append("")
     path.write_text("\n".join(lines))
 
@@ -393,10 +460,17 @@ def plot(summary: dict[str, Any], out: Path) -> list[Path]:
         for ax, (view, arms) in zip(axes[0], data["views"].items()):
             for arm, r in arms.items():
                 mean, half = np.array(r["curve"]["mean"]), np.array(r["curve"]["ci95"])
-                ax.plot(r["curve"]["updates"], 100 * mean, label=arm, marker=".", color=colors[arm],
-                        linestyle="--" if ARMS[arm].group_size > 4 else "-")
-                ax.fill_between(r["curve"]["updates"], 100 * (mean - half), 100 * (mean + half), alpha=0.1,
-                                color=colors[arm])
+                ax.plot(
+                    r["curve"]["updates"],
+                    100 * mean,
+                    label=arm,
+                    marker=".",
+                    color=colors[arm],
+                    linestyle="--" if ARMS[arm].group_size > 4 else "-",
+                )
+                ax.fill_between(
+                    r["curve"]["updates"], 100 * (mean - half), 100 * (mean + half), alpha=0.1, color=colors[arm]
+                )
             ax.set_title(f"{env}: {'equal mean |A|' if view == 'equal' else 'raw advantage scale'}")
             ax.set_xlabel("update")
             ax.set_ylabel("exact sampled success on the trained tasks (%)")
@@ -413,8 +487,16 @@ def plot(summary: dict[str, Any], out: Path) -> list[Path]:
             diffs = [arms[arm]["vs_baseline"] for arm in names]
             means = np.array([100 * d["mean"] for d in diffs])
             errors = np.array([[100 * (d["mean"] - d["ci_low"]), 100 * (d["ci_high"] - d["mean"])] for d in diffs]).T
-            ax.errorbar(means, np.arange(len(names)) + offset, xerr=errors, fmt="o", color=color, markersize=4,
-                        capsize=2, label="equal mean |A|" if view == "equal" else "raw scale")
+            ax.errorbar(
+                means,
+                np.arange(len(names)) + offset,
+                xerr=errors,
+                fmt="o",
+                color=color,
+                markersize=4,
+                capsize=2,
+                label="equal mean |A|" if view == "equal" else "raw scale",
+            )
         ax.set_yticks(range(len(names)), names)
         ax.invert_yaxis()
         ax.axvline(0, color="black", linewidth=0.8)
@@ -440,11 +522,24 @@ def run(settings: Settings, out: Path, progress=None) -> dict[str, Any]:
     for name in arms:  # bad arm settings fail here, before any work
         ARMS[name].algorithm()
     summary: dict[str, Any] = {
-        "settings": {**vars(settings), "arms": list(arms), "envs": list(settings.envs), "views": list(VIEWS),
-                     "advantage_target_mean_abs": 1.0},
-        "arms": {name: {"algo": ARMS[name].algo, "anchor": ARMS[name].anchor, "history_turns": ARMS[name].history_turns,
-                        "group_size": ARMS[name].group_size, "baseline": ARMS[name].baseline,
-                        "reference": ARMS[name].reference} for name in arms},
+        "settings": {
+            **vars(settings),
+            "arms": list(arms),
+            "envs": list(settings.envs),
+            "views": list(VIEWS),
+            "advantage_target_mean_abs": 1.0,
+        },
+        "arms": {
+            name: {
+                "algo": ARMS[name].algo,
+                "anchor": ARMS[name].anchor,
+                "history_turns": ARMS[name].history_turns,
+                "group_size": ARMS[name].group_size,
+                "baseline": ARMS[name].baseline,
+                "reference": ARMS[name].reference,
+            }
+            for name in arms
+        },
         "envs": {},
     }
     for env_index, env_name in enumerate(settings.envs):
@@ -452,12 +547,15 @@ def run(settings: Settings, out: Path, progress=None) -> dict[str, Any]:
         env_arms = [arm for arm in arms if arm not in spec.skip_arms]
         keep_observations = any(ARMS[arm].anchor == "similarity" for arm in env_arms)
         env_start = time.perf_counter()
-        jobs = [(env_name, task_seed(seed, task, settings.tasks), keep_observations)
-                for seed in range(settings.seeds) for task in range(settings.tasks)]
+        jobs = [
+            (env_name, task_seed(seed, task, settings.tasks), keep_observations)
+            for seed in range(settings.seeds)
+            for task in range(settings.tasks)
+        ]
         task = progress.add_task(f"{env_name}: exploring task state graphs", total=len(jobs)) if progress else None
         pool = _pool(settings.workers)
         graphs = []
-        for graph in (pool.imap(explore_task, jobs, chunksize=8) if pool else map(explore_task, jobs)):
+        for graph in pool.imap(explore_task, jobs, chunksize=8) if pool else map(explore_task, jobs):
             graphs.append(graph)
             if progress:
                 progress.advance(task)
@@ -470,14 +568,19 @@ def run(settings: Settings, out: Path, progress=None) -> dict[str, Any]:
         explore_s = time.perf_counter() - env_start
         evaluations = evaluation_points(settings, spec)
         initial_success = per_seed(success_probability(tables, initial_logits(tables)), settings)
-        _WORKER_STATE.update(tables=tables, settings=settings, evaluations=evaluations, initial_success=initial_success,
-                             noise=common_noise(settings, env_index, tables.max_steps))
+        _WORKER_STATE.update(
+            tables=tables,
+            settings=settings,
+            evaluations=evaluations,
+            initial_success=initial_success,
+            noise=common_noise(settings, env_index, tables.max_steps),
+        )
         jobs = [(view, name) for view in VIEWS for name in env_arms]
         if progress:
             progress.update(task, description=f"{env_name}: training arms x views", completed=0, total=len(jobs))
         pool = _pool(settings.workers)  # forked now, so the workers see this environment's tables
         results: dict[str, dict[str, ArmResult]] = {view: {} for view in VIEWS}
-        for view, name, result in (pool.imap_unordered(_train_job, jobs) if pool else map(_train_job, jobs)):
+        for view, name, result in pool.imap_unordered(_train_job, jobs) if pool else map(_train_job, jobs):
             results[view][name] = result
             if progress:
                 progress.advance(task)
@@ -486,11 +589,14 @@ def run(settings: Settings, out: Path, progress=None) -> dict[str, Any]:
             pool.join()
         results = {view: {name: results[view][name] for name in env_arms} for view in VIEWS}
         summary["envs"][env_name] = {
-            "env_id": spec.env_id, "kwargs": spec.kwargs, "description": spec.description,
+            "env_id": spec.env_id,
+            "kwargs": spec.kwargs,
+            "description": spec.description,
             "skipped_arms": [arm for arm in arms if arm in spec.skip_arms],
             "states_per_task": {"mean": float(states.mean()), "min": int(states.min()), "max": int(states.max())},
             "uniform_success": float(initial_success.mean()),
-            "explore_s": explore_s, "train_s": time.perf_counter() - env_start - explore_s,
+            "explore_s": explore_s,
+            "train_s": time.perf_counter() - env_start - explore_s,
             "views": summarize_env(results, evaluations),
         }
         _WORKER_STATE.clear()

@@ -23,15 +23,18 @@ import time
 from pathlib import Path
 
 import gymnasium as gym
+from agent_rl.benchmarks.common import write_result
+from agent_rl.envs import oracle_actions, text_env_specs
+from agent_rl.envs.registration import NAMESPACE
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from agent_rl.benchmarks.common import write_result
-from agent_rl.envs import oracle_actions, text_env_specs
-from agent_rl.envs.registration import NAMESPACE
-
-TARGET_STEPS_PER_S = {f"{NAMESPACE}/Maze-v0": 10_000, f"{NAMESPACE}/Sokoban-v0": 10_000, f"{NAMESPACE}/MiniCode-v0": 10_000}
+TARGET_STEPS_PER_S = {
+    f"{NAMESPACE}/Maze-v0": 10_000,
+    f"{NAMESPACE}/Sokoban-v0": 10_000,
+    f"{NAMESPACE}/MiniCode-v0": 10_000,
+}
 """The issue's one-core targets; TextWorld is bounded by the textworld package itself."""
 SEED_POOLS = {f"{NAMESPACE}/TextWorld-v0": 4}
 """Environments whose episodes cycle over this many pre-generated seeds instead of fresh ones."""
@@ -108,7 +111,11 @@ def oracle_success(env: gym.Env, episodes: int) -> dict | None:
                 break
         wins += bool(info["won"])
         lengths.append(len(plan))
-    return {"episodes": episodes, "success_rate": round(wins / max(episodes, 1), 4), "mean_plan_length": round(sum(lengths) / max(len(lengths), 1), 2)}
+    return {
+        "episodes": episodes,
+        "success_rate": round(wins / max(episodes, 1), 4),
+        "mean_plan_length": round(sum(lengths) / max(len(lengths), 1), 2),
+    }
 
 
 def resident_mb(pid: int) -> float | None:
@@ -170,9 +177,13 @@ def scienceworld_tasks(variations: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="timed wall-clock seconds per environment")
-    parser.add_argument("--env", action="append", default=[], help="only these ids (repeatable); default: all registered")
+    parser.add_argument(
+        "--env", action="append", default=[], help="only these ids (repeatable); default: all registered"
+    )
     parser.add_argument("--oracle-episodes", type=int, default=10, help="seeds the oracle plays per environment")
-    parser.add_argument("--scienceworld-tasks", type=int, default=0, metavar="N", help="per-task ScienceWorld sweep on N variations")
+    parser.add_argument(
+        "--scienceworld-tasks", type=int, default=0, metavar="N", help="per-task ScienceWorld sweep on N variations"
+    )
     parser.add_argument("--name", default="env_steps", help="result file name (default env_steps -> env_steps.json)")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/results)")
     args = parser.parse_args(argv)
@@ -191,8 +202,14 @@ def main(argv: list[str] | None = None) -> int:
         target = f"{r['target_steps_per_s']:,}" if r["target_steps_per_s"] else "-"
         oracle = f"{r['oracle']['success_rate']:.0%}" if r["oracle"] else "-"
         table.add_row(
-            env_id, f"{r['steps_per_s']:,.0f}", target, f"{r['mean_reset_s']:.3f}", str(r["episodes"]),
-            str(r["mean_episode_length"]), oracle, r["seeds"],
+            env_id,
+            f"{r['steps_per_s']:,.0f}",
+            target,
+            f"{r['mean_reset_s']:.3f}",
+            str(r["episodes"]),
+            str(r["mean_episode_length"]),
+            oracle,
+            r["seeds"],
         )
     Console().print(table)
     payload = {"seconds_per_env": args.seconds, "results": results}

@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from agent_rl.benchmarks.common import RESULTS_DIR, RESUME, machine_info, runs_stop_with_this_process, stopped
 from agent_rl.benchmarks.paired_stats import PairedDifference, adjust_family, mean_interval, paired_difference
 
@@ -112,48 +111,138 @@ GREEDY_EVAL_ONLY = ("trainer.eval_sampled=false",)
 """SmolLM2 cases evaluate greedily only, as their recipes do."""
 
 CASES = (
-    Case("say", "the README quickstart's SayTheNumber (say the number 1-3 you are shown; random play wins 1/3)",
-         ("env.id=benchmarks.lift_envs:lift/SayTheNumber-v0",), 10, 2, Goal("reach", REACH)),
-    Case("bandit", "a one-step bandit: 8 signs, each opening one of 4 doors by a table the text never shows (random play wins 1/4)",
-         ("env.id=benchmarks.lift_envs:lift/Bandit-v0",), 10, 2, Goal("reach", REACH)),
-    Case("maze-random", "the main job's Maze with no oracle: a random-action warm start",
-         ("sft.mode=random", *MULTI_STEP_SIZES), 30, 10, Goal("lift", 30.0, minutes=20.0)),
+    Case(
+        "say",
+        "the README quickstart's SayTheNumber (say the number 1-3 you are shown; random play wins 1/3)",
+        ("env.id=benchmarks.lift_envs:lift/SayTheNumber-v0",),
+        10,
+        2,
+        Goal("reach", REACH),
+    ),
+    Case(
+        "bandit",
+        "a one-step bandit: 8 signs, each opening one of 4 doors by a table the text never shows (random play wins "
+        "1/4)",
+        ("env.id=benchmarks.lift_envs:lift/Bandit-v0",),
+        10,
+        2,
+        Goal("reach", REACH),
+    ),
+    Case(
+        "maze-random",
+        "the main job's Maze with no oracle: a random-action warm start",
+        ("sft.mode=random", *MULTI_STEP_SIZES),
+        30,
+        10,
+        Goal("lift", 30.0, minutes=20.0),
+    ),
     # 150 cloning steps gave a clone that wins 0.8% greedily, 250 one that wins 70.3% (seed 0,
     # benchmarks/results/lift_pilots/maze_weak_clone/); 200 aims between.
-    Case("maze-clone", "the main job's Maze from a short oracle clone (200 cloning steps)",
-         ("sft.steps=200", *MULTI_STEP_SIZES), 30, 10, Goal("lift", 30.0, minutes=20.0)),
+    Case(
+        "maze-clone",
+        "the main job's Maze from a short oracle clone (200 cloning steps)",
+        ("sft.steps=200", *MULTI_STEP_SIZES),
+        30,
+        10,
+        Goal("lift", 30.0, minutes=20.0),
+    ),
     # 40 reverse steps and a 14-step limit: oracle plans of 4.3 moves on average and at most 12, and
     # random play wins about a fifth (20 and 20 let it win 36%). The board is the whole state, so
     # the prompt shows no history.
-    Case("sokoban", "Sokoban (6x6, one box, 40 reverse steps, 14 steps) from a random-action warm start",
-         ("env.id=agent_rl/Sokoban-v0", "env.kwargs={width: 6, height: 6, n_boxes: 1, reverse_steps: 40, max_steps: 14}",
-          "sft.mode=random", "rollout.history_turns=0", *MULTI_STEP_SIZES), 30, 10, Goal("lift", 30.0, minutes=20.0)),
+    Case(
+        "sokoban",
+        "Sokoban (6x6, one box, 40 reverse steps, 14 steps) from a random-action warm start",
+        (
+            "env.id=agent_rl/Sokoban-v0",
+            "env.kwargs={width: 6, height: 6, n_boxes: 1, reverse_steps: 40, max_steps: 14}",
+            "sft.mode=random",
+            "rollout.history_turns=0",
+            *MULTI_STEP_SIZES,
+        ),
+        30,
+        10,
+        Goal("lift", 30.0, minutes=20.0),
+    ),
     # Random play wins about 2%; the board (the whole state) is long text, so no history turns.
-    Case("frozenlake", "TextArena FrozenLake-v0 (third-party, 4x4, 3 holes) from a random-action warm start",
-         ("env.id=textarena/FrozenLake-v0", "sft.mode=random", "rollout.history_turns=0", *MULTI_STEP_SIZES), 30, 10,
-         Goal("lift", 30.0, minutes=20.0)),
-    Case("maze-hold", "the main job's Maze from a clone that already wins about 95% (1,200 cloning steps on 4,000 episodes)",
-         ("sft.steps=1200", "sft.episodes=4000"), 20, 5, Goal("hold", -2.0)),
+    Case(
+        "frozenlake",
+        "TextArena FrozenLake-v0 (third-party, 4x4, 3 holes) from a random-action warm start",
+        ("env.id=textarena/FrozenLake-v0", "sft.mode=random", "rollout.history_turns=0", *MULTI_STEP_SIZES),
+        30,
+        10,
+        Goal("lift", 30.0, minutes=20.0),
+    ),
+    Case(
+        "maze-hold",
+        "the main job's Maze from a clone that already wins about 95% (1,200 cloning steps on 4,000 episodes)",
+        ("sft.steps=1200", "sft.episodes=4000"),
+        20,
+        5,
+        Goal("hold", -2.0),
+    ),
     # SmolLM2-135M-Instruct (agent-rl models install smollm2-135m-instruct), timed alone: run these
     # with --workers 1, every core to the one run.
-    Case("smollm2-maze", "SmolLM2-135M-Instruct on the main job's Maze from its oracle clone (the smollm2-maze recipe)",
-         GREEDY_EVAL_ONLY, 36, 18, Goal("lift", 20.0, minutes=60.0), recipe="smollm2-maze", seeds=3, threads=None),
-    Case("smollm2-sokoban", "SmolLM2-135M-Instruct on Sokoban from zero-shot, no demonstrations (the smollm2-sokoban recipe)",
-         GREEDY_EVAL_ONLY, 24, 12, Goal("lift", 20.0, minutes=60.0), recipe="smollm2-sokoban", seeds=3, threads=None),
+    Case(
+        "smollm2-maze",
+        "SmolLM2-135M-Instruct on the main job's Maze from its oracle clone (the smollm2-maze recipe)",
+        GREEDY_EVAL_ONLY,
+        36,
+        18,
+        Goal("lift", 20.0, minutes=60.0),
+        recipe="smollm2-maze",
+        seeds=3,
+        threads=None,
+    ),
+    Case(
+        "smollm2-sokoban",
+        "SmolLM2-135M-Instruct on Sokoban from zero-shot, no demonstrations (the smollm2-sokoban recipe)",
+        GREEDY_EVAL_ONLY,
+        24,
+        12,
+        Goal("lift", 20.0, minutes=60.0),
+        recipe="smollm2-sokoban",
+        seeds=3,
+        threads=None,
+    ),
 )
 QUICK_CASES = (
-    Case("say", "SayTheNumber, tiny sizes (a smoke test)",
-         ("env.id=benchmarks.lift_envs:lift/SayTheNumber-v0", "sft.steps=25", "sft.episodes=160", "rollout.min_batch_rows=64",
-          "trainer.eval_episodes=8"), 2, 1, Goal("reach", REACH)),
-    Case("bandit", "the bandit, tiny sizes (a smoke test)",
-         ("env.id=benchmarks.lift_envs:lift/Bandit-v0", "sft.steps=25", "sft.episodes=160", "rollout.min_batch_rows=64",
-          "trainer.eval_episodes=8"), 2, 1, Goal("reach", REACH)),
+    Case(
+        "say",
+        "SayTheNumber, tiny sizes (a smoke test)",
+        (
+            "env.id=benchmarks.lift_envs:lift/SayTheNumber-v0",
+            "sft.steps=25",
+            "sft.episodes=160",
+            "rollout.min_batch_rows=64",
+            "trainer.eval_episodes=8",
+        ),
+        2,
+        1,
+        Goal("reach", REACH),
+    ),
+    Case(
+        "bandit",
+        "the bandit, tiny sizes (a smoke test)",
+        (
+            "env.id=benchmarks.lift_envs:lift/Bandit-v0",
+            "sft.steps=25",
+            "sft.episodes=160",
+            "rollout.min_batch_rows=64",
+            "trainer.eval_episodes=8",
+        ),
+        2,
+        1,
+        Goal("reach", REACH),
+    ),
 )
 RANDOM_PLAY_EPISODES = 512
 
 COMMON = (
-    "trainer.target_success=null", "trainer.eval_sampled=true", "trainer.eval_episodes=128",
-    "logging.tensorboard=false", "logging.console=false",
+    "trainer.target_success=null",
+    "trainer.eval_sampled=true",
+    "trainer.eval_episodes=128",
+    "logging.tensorboard=false",
+    "logging.console=false",
 )
 """Every run: no early stop, greedy and sampled evaluation on 128 held-out episodes (a case may
 shrink them); its torch threads come from the case (``Case.threads``)."""
@@ -176,10 +265,23 @@ class Run:
 
     def command(self, engine: str) -> list[str]:
         recipe = ["--config", self.case.recipe] if self.case.recipe else []
-        return [sys.executable, "-m", "agent_rl.cli", "train", *RESUME, *recipe, *COMMON, self.case.threads_override,
-                f"engine={engine}", *self.case.overrides,
-                *self.settings, f"trainer.iterations={self.case.iterations}", f"trainer.eval_every={self.case.eval_every}",
-                f"trainer.seed={self.seed}", f"trainer.run_dir={self.run_dir}"]
+        return [
+            sys.executable,
+            "-m",
+            "agent_rl.cli",
+            "train",
+            *RESUME,
+            *recipe,
+            *COMMON,
+            self.case.threads_override,
+            f"engine={engine}",
+            *self.case.overrides,
+            *self.settings,
+            f"trainer.iterations={self.case.iterations}",
+            f"trainer.eval_every={self.case.eval_every}",
+            f"trainer.seed={self.seed}",
+            f"trainer.run_dir={self.run_dir}",
+        ]
 
     def environment(self) -> dict[str, str]:
         """The run's process environment: OpenMP pinned to the case's thread count, or left as is."""
@@ -194,8 +296,11 @@ def seeds_present(out: Path, case: Case) -> int:
 
 def plan(cases: tuple[Case, ...], seeds: int | None, out: Path, settings: tuple[str, ...] = ()) -> list[Run]:
     """Every (case, seed) run: ``seeds`` per case, or each case's own count when None."""
-    return [Run(case, seed, out / "runs" / case.name / f"seed{seed}", settings)
-            for case in cases for seed in range(case.seeds if seeds is None else seeds)]
+    return [
+        Run(case, seed, out / "runs" / case.name / f"seed{seed}", settings)
+        for case in cases
+        for seed in range(case.seeds if seeds is None else seeds)
+    ]
 
 
 def run_all(runs: list[Run], *, workers: int, engine: str, progress) -> None:
@@ -212,18 +317,30 @@ def run_all(runs: list[Run], *, workers: int, engine: str, progress) -> None:
                 run = pending.pop(0)
                 run.run_dir.mkdir(parents=True, exist_ok=True)
                 with (run.run_dir / "train.log").open("a") as log:
-                    process = subprocess.Popen(run.command(engine), stdout=log, stderr=subprocess.STDOUT,
-                                               env=run.environment())
-                running.append((run, process, progress.add_task(f"  {run.case.name} seed {run.seed}", total=run.case.iterations + 1)))
+                    process = subprocess.Popen(
+                        run.command(engine), stdout=log, stderr=subprocess.STDOUT, env=run.environment()
+                    )
+                running.append(
+                    (
+                        run,
+                        process,
+                        progress.add_task(f"  {run.case.name} seed {run.seed}", total=run.case.iterations + 1),
+                    )
+                )
             time.sleep(1.0)
             for entry in list(running):
                 run, process, task = entry
-                progress.update(task, completed=len(read_metrics(run.run_dir)) if (run.run_dir / "metrics.jsonl").exists() else 0)
+                progress.update(
+                    task, completed=len(read_metrics(run.run_dir)) if (run.run_dir / "metrics.jsonl").exists() else 0
+                )
                 code = process.poll()
                 if code is None:
                     continue
                 if code != 0:
-                    raise RuntimeError(f"{run.case.name} seed {run.seed} failed (exit code {code}); its log: {run.run_dir / 'train.log'}")
+                    raise RuntimeError(
+                        f"{run.case.name} seed {run.seed} failed (exit code {code}); its log: "
+                        f"{run.run_dir / 'train.log'}"
+                    )
                 (run.run_dir / "DONE").touch()
                 progress.advance(overall, run.case.iterations + 1)
                 progress.remove_task(task)
@@ -253,24 +370,34 @@ def run_summary(records: list[dict]) -> dict[str, Any]:
         "warm_start_s": float(first["time/elapsed"]) - float(first.get("time/eval") or 0.0),
         "total_s": float(records[-1]["time/elapsed"]),
         "warm_start": {k: v for k, v in first.items() if k.startswith("sft/")},
-        "training_success": [float(r["rollout/success_rate"]) for r in records if r.get("rollout/success_rate") is not None],
-        "training_invalid_rate": [float(r["rollout/invalid_rate"]) for r in records if r.get("rollout/invalid_rate") is not None],
+        "training_success": [
+            float(r["rollout/success_rate"]) for r in records if r.get("rollout/success_rate") is not None
+        ],
+        "training_invalid_rate": [
+            float(r["rollout/invalid_rate"]) for r in records if r.get("rollout/invalid_rate") is not None
+        ],
     }
 
 
 def random_play_success(case: Case, episodes: int = RANDOM_PLAY_EPISODES) -> float | None:
     """Success of uniformly random admissible actions on the case's held-out seeds (None where the
     environment lists no admissible actions)."""
-    from agent_rl.training.serving.envpool import env_factory
     from agent_rl.training.loop.evaluation import eval_seeds
-    from agent_rl.training.models.policy import load_tokenizer, policy_dir
     from agent_rl.training.loop.sft import collect_demonstrations
+    from agent_rl.training.models.policy import load_tokenizer, policy_dir
+    from agent_rl.training.serving.envpool import env_factory
 
     config = case.config()
     tokenizer = load_tokenizer(policy_dir(config.policy.name_or_path))  # the tokenizer alone, not the weights
     try:
-        demos = collect_demonstrations(env_factory(config), tokenizer, config.rollout, mode="random",
-                                       seeds=eval_seeds(episodes), rng=np.random.default_rng(0))
+        demos = collect_demonstrations(
+            env_factory(config),
+            tokenizer,
+            config.rollout,
+            mode="random",
+            seeds=eval_seeds(episodes),
+            rng=np.random.default_rng(0),
+        )
     except ValueError:
         return None
     return demos.successes / demos.episodes
@@ -286,10 +413,17 @@ def case_summary(case: Case, runs: list[dict[str, Any]], random_play: float | No
         return {"mean": mean, "ci_low": mean - half, "ci_high": mean + half, "n": len(values)}
 
     return {
-        "case": case.name, "description": case.description, "overrides": list(case.overrides), "iterations": case.iterations,
-        "eval_every": case.eval_every, "goal": case.goal.describe(),
-        "goal_met": case.goal.met(finals, lifts, totals) if len(runs) >= case.seeds else None,  # on the full seed count only
-        "seeds": len(runs), "random_play_success": random_play,
+        "case": case.name,
+        "description": case.description,
+        "overrides": list(case.overrides),
+        "iterations": case.iterations,
+        "eval_every": case.eval_every,
+        "goal": case.goal.describe(),
+        "goal_met": case.goal.met(finals, lifts, totals)
+        if len(runs) >= case.seeds
+        else None,  # on the full seed count only
+        "seeds": len(runs),
+        "random_play_success": random_play,
         "start_greedy": interval([r["greedy_success"][0] for r in runs]),
         "final_greedy": interval(finals),
         "greedy_lift": interval(lifts),
@@ -311,8 +445,11 @@ def summarize(runs: list[Run], random_play: dict[str, float | None], settings: t
         if run.done:
             cases.setdefault(run.case.name, []).append({"seed": run.seed, **run_summary(read_metrics(run.run_dir))})
             by_name[run.case.name] = run.case
-    return {"machine": machine_info(), "settings": list(settings),
-            "cases": [case_summary(by_name[name], results, random_play.get(name)) for name, results in cases.items()]}
+    return {
+        "machine": machine_info(),
+        "settings": list(settings),
+        "cases": [case_summary(by_name[name], results, random_play.get(name)) for name, results in cases.items()],
+    }
 
 
 PRIMARY_MEASURE = "final_greedy_points"
@@ -335,17 +472,28 @@ def compare(summary: dict[str, Any], baseline: dict[str, Any], baseline_path: Pa
         pairs = [(r, theirs[r["seed"]]) for r in case["runs"] if r["seed"] in theirs]
         if len(pairs) < 2:
             continue
-        primary[case["case"]] = paired_difference(np.array([100 * r["greedy_success"][-1] for r, _ in pairs]),
-                                                  np.array([100 * b["greedy_success"][-1] for _, b in pairs]))
+        primary[case["case"]] = paired_difference(
+            np.array([100 * r["greedy_success"][-1] for r, _ in pairs]),
+            np.array([100 * b["greedy_success"][-1] for _, b in pairs]),
+        )
         case["vs_baseline"] = {
-            "baseline": str(baseline_path), "baseline_settings": baseline.get("settings", []), "seeds": [r["seed"] for r, _ in pairs],
+            "baseline": str(baseline_path),
+            "baseline_settings": baseline.get("settings", []),
+            "seeds": [r["seed"] for r, _ in pairs],
             PRIMARY_MEASURE: asdict(primary[case["case"]]),
-            "greedy_lift_points": asdict(paired_difference(np.array([r["greedy_lift"] for r, _ in pairs]),
-                                                           np.array([b["greedy_lift"] for _, b in pairs]))),
+            "greedy_lift_points": asdict(
+                paired_difference(
+                    np.array([r["greedy_lift"] for r, _ in pairs]), np.array([b["greedy_lift"] for _, b in pairs])
+                )
+            ),
         }
     for name, adjusted in (adjust_family(primary) if primary else {}).items():
         case = next(c for c in summary["cases"] if c["case"] == name)
-        case["vs_baseline"]["primary"] = {"measure": PRIMARY_MEASURE, **adjusted.as_dict(), "significant": adjusted.significant()}
+        case["vs_baseline"]["primary"] = {
+            "measure": PRIMARY_MEASURE,
+            **adjusted.as_dict(),
+            "significant": adjusted.significant(),
+        }
 
 
 def _verdict(met: bool | None) -> str:
@@ -371,35 +519,53 @@ def _interval(i: dict[str, float]) -> str:
 
 
 def write_markdown(summary: dict[str, Any], path: Path) -> None:
-    lines = ["# What RL adds (`agent-rl bench lift`)", "",
-             "Held-out success on 128 episodes at iteration 0 (the warm start) and at the last iteration; lift = last - start, "
-             "in points, per seed; mean with a 95% t-interval over seeds.", "",
-             "| case | seeds | random play | greedy start -> end | greedy lift | sampled start -> end | sampled lift | minutes per run | goal | met |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# What RL adds (`agent-rl bench lift`)",
+        "",
+        "Held-out success on 128 episodes at iteration 0 (the warm start) and at the last iteration; lift = last - "
+        "start, "
+        "in points, per seed; mean with a 95% t-interval over seeds.",
+        "",
+        "| case | seeds | random play | greedy start -> end | greedy lift | sampled start -> end | sampled lift | "
+        "minutes per run | goal | met |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for c in summary["cases"]:
         g, s = c["greedy_lift"], c["sampled_lift"]
         lines.append(
             f"| {c['case']} | {c['seeds']} | {_pct(c['random_play_success'])} | {_pct(c['start_greedy']['mean'])} -> "
             f"{_pct(c['final_greedy']['mean'])} | {_interval(g)} | "
             f"{_pct(c['start_sampled']['mean'])} -> {_pct(c['final_sampled']['mean'])} | {_interval(s)} | "
-            f"{c['total_s']['mean'] / 60:.1f} | {c['goal']} | {_verdict(c['goal_met'])} |")
+            f"{c['total_s']['mean'] / 60:.1f} | {c['goal']} | {_verdict(c['goal_met'])} |"
+        )
     if summary.get("settings"):
         lines += ["", f"Settings on top of each case's own: `{' '.join(summary['settings'])}`."]
     for c in (c for c in summary["cases"] if "vs_baseline" in c):
         d = c["vs_baseline"]["primary"]
-        lines += ["", f"{c['case']} against `{c['vs_baseline']['baseline']}` (paired on seeds {c['vs_baseline']['seeds']}): final greedy "
-                  f"success {d['mean']:+.1f} points [{d['ci_low']:+.1f}, {d['ci_high']:+.1f}], {d['wins']} wins, {d['losses']} losses, "
-                  f"Wilcoxon p = {d['wilcoxon_p']:.3f}; Holm over the {d['family_size']} compared case(s): t-test p = "
-                  f"{d['holm_t_p']:.3f}, Wilcoxon p = {d['holm_wilcoxon_p']:.3f}, family interval [{d['adjusted_ci_low']:+.1f}, "
-                  f"{d['adjusted_ci_high']:+.1f}]: {'a difference' if d['significant'] else 'no difference shown'} at 5% family-wise."]
+        lines += [
+            "",
+            f"{c['case']} against `{c['vs_baseline']['baseline']}` (paired on seeds {c['vs_baseline']['seeds']}): "
+            "final greedy "
+            f"success {d['mean']:+.1f} points [{d['ci_low']:+.1f}, {d['ci_high']:+.1f}], {d['wins']} wins, "
+            f"{d['losses']} losses, "
+            f"Wilcoxon p = {d['wilcoxon_p']:.3f}; Holm over the {d['family_size']} compared case(s): t-test p = "
+            f"{d['holm_t_p']:.3f}, Wilcoxon p = {d['holm_wilcoxon_p']:.3f}, family interval "
+            f"[{d['adjusted_ci_low']:+.1f}, "
+            f"{d['adjusted_ci_high']:+.1f}]: {'a difference' if d['significant'] else 'no difference shown'} at 5% "
+            "family-wise.",
+        ]
     lines += ["", "Per seed (greedy success at each evaluation, %; lift in points; minutes):", ""]
     for c in summary["cases"]:
-        lines.append(f"**{c['case']}**: {c['description']}; {c['iterations']} iterations, evaluated every {c['eval_every']}.")
+        lines.append(
+            f"**{c['case']}**: {c['description']}; {c['iterations']} iterations, evaluated every {c['eval_every']}."
+        )
         lines.append("")
         for r in c["runs"]:
             curve = ", ".join(f"{100 * v:.1f}" for v in r["greedy_success"])
-            lines.append(f"- seed {r['seed']}: {curve} (lift {r['greedy_lift']:+.1f}; sampled {_points(r['sampled_lift'])}; "
-                         f"warm start {r['warm_start_s'] / 60:.1f} of {r['total_s'] / 60:.1f} min)")
+            lines.append(
+                f"- seed {r['seed']}: {curve} (lift {r['greedy_lift']:+.1f}; sampled {_points(r['sampled_lift'])}; "
+                f"warm start {r['warm_start_s'] / 60:.1f} of {r['total_s'] / 60:.1f} min)"
+            )
         lines.append("")
     path.write_text("\n".join(lines))
 
@@ -428,8 +594,17 @@ def plot(summary: dict[str, Any], out: Path) -> None:
     for i, c in enumerate(cases):
         lifts = [r["greedy_lift"] for r in c["runs"]]
         ax.scatter([i] * len(lifts), lifts, color="C0", zorder=3)
-        ax.errorbar(i + 0.15, c["greedy_lift"]["mean"], yerr=[[c["greedy_lift"]["mean"] - c["greedy_lift"]["ci_low"]],
-                    [c["greedy_lift"]["ci_high"] - c["greedy_lift"]["mean"]]], fmt="s", color="k", capsize=3)
+        ax.errorbar(
+            i + 0.15,
+            c["greedy_lift"]["mean"],
+            yerr=[
+                [c["greedy_lift"]["mean"] - c["greedy_lift"]["ci_low"]],
+                [c["greedy_lift"]["ci_high"] - c["greedy_lift"]["mean"]],
+            ],
+            fmt="s",
+            color="k",
+            capsize=3,
+        )
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xticks(range(len(cases)), [c["case"] for c in cases], rotation=30, fontsize=8)
     ax.set_ylabel("greedy RL lift (points)")
@@ -439,20 +614,30 @@ def plot(summary: dict[str, Any], out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from agent_rl.config import ConfigError
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from agent_rl.config import ConfigError
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="two tiny cases on 2 seeds (a smoke test)")
     parser.add_argument("--cases", help="comma-separated case names (default: all)")
-    parser.add_argument("--seeds", type=int, help=f"seeds per case (default: the case's, {SEEDS} for most; {QUICK_SEEDS} with --quick)")
+    parser.add_argument(
+        "--seeds", type=int, help=f"seeds per case (default: the case's, {SEEDS} for most; {QUICK_SEEDS} with --quick)"
+    )
     parser.add_argument("--workers", type=int, default=2, help="runs at a time (default 2)")
     parser.add_argument("--engine", default="auto", choices=("auto", "hf", "vllm"), help="engine of every run")
     parser.add_argument("--out", type=Path, default=OUT_DIR, help=f"results directory (default {OUT_DIR})")
     parser.add_argument("--report", action="store_true", help="summarize the finished runs; train nothing")
-    parser.add_argument("--baseline", type=Path, help="another --out whose summary.json to compare with, paired by seed")
-    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
-                        help="config overrides on top of every case's (compare other settings in another --out)")
+    parser.add_argument(
+        "--baseline", type=Path, help="another --out whose summary.json to compare with, paired by seed"
+    )
+    parser.add_argument(
+        "--set",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config overrides on top of every case's (compare other settings in another --out)",
+    )
     args = parser.parse_args(argv)
     every_case = cases = QUICK_CASES if args.quick else CASES
     if args.cases:
@@ -482,8 +667,15 @@ def main(argv: list[str] | None = None) -> int:
             except KeyboardInterrupt as exc:
                 return stopped("lift", exc)
     # The summary covers every finished run under --out, whichever cases and seeds this call named.
-    finished = [run for case in every_case for run in plan((case,), seeds_present(args.out, case), args.out, settings) if run.done]
-    random_play = {name: random_play_success(case) for name, case in {run.case.name: run.case for run in finished}.items()}
+    finished = [
+        run
+        for case in every_case
+        for run in plan((case,), seeds_present(args.out, case), args.out, settings)
+        if run.done
+    ]
+    random_play = {
+        name: random_play_success(case) for name, case in {run.case.name: run.case for run in finished}.items()
+    }
     summary = summarize(finished, random_play, settings)
     if not summary["cases"]:
         print("lift: no finished runs to report", file=sys.stderr)

@@ -56,7 +56,13 @@ class Bandit(gym.Env):
         valid = action in DOORS
         won = action == DOOR_OF_SIGN[self.sign]
         observation = "The door opens." if won else ("The door stays shut." if valid else "There is no such door.")
-        return observation, float(won), True, False, {"won": won, "action_valid": valid, "admissible_actions": list(DOORS)}
+        return (
+            observation,
+            float(won),
+            True,
+            False,
+            {"won": won, "action_valid": valid, "admissible_actions": list(DOORS)},
+        )
 
 
 SYMBOLS = ("circle", "square", "star", "wave")
@@ -93,7 +99,13 @@ class Combination(gym.Env):
             self.dial += 1
         if self.dial == DIALS:
             info["won"] = self.all_right
-            return ("The lock opens." if self.all_right else "The lock stays shut."), float(self.all_right), True, False, info
+            return (
+                ("The lock opens." if self.all_right else "The lock stays shut."),
+                float(self.all_right),
+                True,
+                False,
+                info,
+            )
         observation = self._shows() if valid else f"Turn up or down. {self._shows()}"
         return observation, 0.0, False, self.elapsed >= self.time_limit, info
 

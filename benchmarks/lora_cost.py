@@ -31,22 +31,28 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
+from agent_rl.benchmarks.common import write_result
+from agent_rl.training.infra import checkpoint
+from agent_rl.training.infra.resolution import resolve
+from agent_rl.training.loop.learner import Learner
+from agent_rl.training.models.policy import add_lora, load_policy
+from agent_rl.training.models.prompts import PromptFormat
+from agent_rl.training.serving.engines import write_untied_checkpoint
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
 from agent_rl import envs  # noqa: F401  (registers the bundled environments)
 from agent_rl.config import load_config
-from agent_rl.benchmarks.common import write_result
-from agent_rl.training.infra import checkpoint
-from agent_rl.training.serving.engines import write_untied_checkpoint
-from agent_rl.training.loop.learner import Learner
-from agent_rl.training.models.policy import add_lora, load_policy
-from agent_rl.training.models.prompts import PromptFormat
-from agent_rl.training.infra.resolution import resolve
 
 RECIPE = "smollm2-maze"
-MEASURED_WITH = ("policy.precision=fp32", "optim.epochs=1", "optim.minibatches=2", "optim.minibatch_size=0", "optim.warmup_steps=0")
+MEASURED_WITH = (
+    "policy.precision=fp32",
+    "optim.epochs=1",
+    "optim.minibatches=2",
+    "optim.minibatch_size=0",
+    "optim.warmup_steps=0",
+)
 """The recipe's update as the committed result measured it: float32, two AdamW steps per batch."""
 COPIES = 4  # trajectories per group: the recipe's group size
 
@@ -62,7 +68,9 @@ def recipe_batch(tokenizer, config, groups: int) -> tuple[list[np.ndarray], list
         actions = info["admissible_actions"]
         prompt = prompt_format.prompt_ids(tokenizer, info["task"], [], observation, actions)
         for copy in range(COPIES):
-            reply = tokenizer(actions[copy % len(actions)], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            reply = tokenizer(actions[copy % len(actions)], add_special_tokens=False)["input_ids"] + [
+                tokenizer.eos_token_id
+            ]
             prompts.append(np.asarray(prompt, dtype=np.int64))
             responses.append(np.asarray(reply, dtype=np.int64))
     return prompts, responses
@@ -78,7 +86,9 @@ def measure_arm(policy: str, rank: int, groups: int, updates: int) -> dict[str, 
     torch.manual_seed(0)
     model, tokenizer = load_policy(policy)
     if rank:
-        model = add_lora(model, rank=rank, alpha=config.policy.lora_alpha, target_modules=config.policy.lora_target_modules)
+        model = add_lora(
+            model, rank=rank, alpha=config.policy.lora_alpha, target_modules=config.policy.lora_target_modules
+        )
     trained = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trained, lr=config.optim.lr)
     learner = Learner(model, optimizer, config, np.random.default_rng(0))
@@ -97,9 +107,13 @@ def measure_arm(policy: str, rank: int, groups: int, updates: int) -> dict[str, 
         start = time.perf_counter()
         write_untied_checkpoint(model, directory)
         sync_seconds = time.perf_counter() - start
-        saved = checkpoint.save_checkpoint(directory, 1, model=model, tokenizer=tokenizer, optimizer=optimizer,
-                                           config={}, trainer_state={})
-        model_bytes, optimizer_bytes = directory_bytes(saved / "model"), (saved / "optimizer.safetensors").stat().st_size
+        saved = checkpoint.save_checkpoint(
+            directory, 1, model=model, tokenizer=tokenizer, optimizer=optimizer, config={}, trainer_state={}
+        )
+        model_bytes, optimizer_bytes = (
+            directory_bytes(saved / "model"),
+            (saved / "optimizer.safetensors").stat().st_size,
+        )
     update_seconds = min(seconds)
     return {
         "lora_rank": rank,
@@ -120,7 +134,9 @@ def measure_arm(policy: str, rank: int, groups: int, updates: int) -> dict[str, 
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--policy", default="smollm2-135m-instruct")
-    parser.add_argument("--ranks", type=int, nargs="+", default=[8, 32], help="LoRA ranks (full fine-tuning always runs)")
+    parser.add_argument(
+        "--ranks", type=int, nargs="+", default=[8, 32], help="LoRA ranks (full fine-tuning always runs)"
+    )
     parser.add_argument("--groups", type=int, default=16, help="Maze seeds in the batch (x 4 rows)")
     parser.add_argument("--updates", type=int, default=3, help="timed learner updates per arm")
     parser.add_argument("--quick", action="store_true", help="the embedded policy, 2 seeds, 1 update")
@@ -138,34 +154,72 @@ def main(argv: list[str] | None = None) -> Path:
     for rank in [0, *args.ranks]:
         name = "full fine-tuning" if rank == 0 else f"LoRA rank {rank}"
         with console.status(f"{name}: {args.updates} learner updates on {args.groups * COPIES} rows"):
-            command = [sys.executable, "-m", "agent_rl.benchmarks.lora_cost", "--arm", str(rank), "--policy", args.policy,
-                       "--groups", str(args.groups), "--updates", str(args.updates)]
+            command = [
+                sys.executable,
+                "-m",
+                "agent_rl.benchmarks.lora_cost",
+                "--arm",
+                str(rank),
+                "--policy",
+                args.policy,
+                "--groups",
+                str(args.groups),
+                "--updates",
+                str(args.updates),
+            ]
             done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode:
             raise RuntimeError(f"{name} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
         arms.append(json.loads(done.stdout.strip().splitlines()[-1]))
     full, policy_config = arms[0], load_config(RECIPE).policy
     for arm in arms:
-        arm["relative_to_full"] = {key: arm[key] / full[key] for key in (
-            "trained_parameters", "gradient_and_adamw_bytes", "update_seconds", "engine_sync_write_seconds",
-            "checkpoint_model_bytes", "peak_rss_bytes")}
+        arm["relative_to_full"] = {
+            key: arm[key] / full[key]
+            for key in (
+                "trained_parameters",
+                "gradient_and_adamw_bytes",
+                "update_seconds",
+                "engine_sync_write_seconds",
+                "checkpoint_model_bytes",
+                "peak_rss_bytes",
+            )
+        }
     payload = {
         "policy": args.policy,
-        "batch": {"recipe": RECIPE, "rows": args.groups * COPIES, "groups": args.groups, "copies": COPIES,
-                  "timing": f"best of {args.updates} Learner.optimize calls after one warm-up"},
+        "batch": {
+            "recipe": RECIPE,
+            "rows": args.groups * COPIES,
+            "groups": args.groups,
+            "copies": COPIES,
+            "timing": f"best of {args.updates} Learner.optimize calls after one warm-up",
+        },
         "lora": {"alpha": policy_config.lora_alpha, "target_modules": policy_config.lora_target_modules},
         "arms": arms,
     }
     path = write_result("lora_cost" if not args.quick else "lora_cost_quick", payload, args.out)
     table = Table(title=f"LoRA vs full fine-tuning ({args.policy}, {args.groups * COPIES} rows)")
-    for column in ("arm", "trained params", "grad+AdamW MB", "update s", "fwd tok/s", "sync s", "ckpt MB", "peak RSS GB"):
+    for column in (
+        "arm",
+        "trained params",
+        "grad+AdamW MB",
+        "update s",
+        "fwd tok/s",
+        "sync s",
+        "ckpt MB",
+        "peak RSS GB",
+    ):
         table.add_column(column)
     for arm in arms:
-        table.add_row("full" if arm["lora_rank"] == 0 else f"r={arm['lora_rank']}", f"{arm['trained_parameters'] / 1e6:.2f}M",
-                      f"{arm['gradient_and_adamw_bytes'] / 2**20:.0f}", f"{arm['update_seconds']:.2f}",
-                      f"{arm['forwarded_tokens_per_s']:.0f}", f"{arm['engine_sync_write_seconds']:.2f}",
-                      f"{(arm['checkpoint_model_bytes'] + arm['checkpoint_optimizer_bytes']) / 2**20:.1f}",
-                      f"{arm['peak_rss_bytes'] / 2**30:.2f}")
+        table.add_row(
+            "full" if arm["lora_rank"] == 0 else f"r={arm['lora_rank']}",
+            f"{arm['trained_parameters'] / 1e6:.2f}M",
+            f"{arm['gradient_and_adamw_bytes'] / 2**20:.0f}",
+            f"{arm['update_seconds']:.2f}",
+            f"{arm['forwarded_tokens_per_s']:.0f}",
+            f"{arm['engine_sync_write_seconds']:.2f}",
+            f"{(arm['checkpoint_model_bytes'] + arm['checkpoint_optimizer_bytes']) / 2**20:.1f}",
+            f"{arm['peak_rss_bytes'] / 2**30:.2f}",
+        )
     console.print(table)
     console.print(f"wrote {path}")
     return path

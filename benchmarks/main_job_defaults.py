@@ -12,7 +12,7 @@ random numbers). No early stop: every run trains
     python -m agent_rl.benchmarks.main_job_defaults --warm-start before     # the first learner comparison
     python -m agent_rl.benchmarks.main_job_defaults --arms previous,new --seeds 0 1 --iterations 10
     python -m agent_rl.benchmarks.main_job_defaults --arms env-penalty,credit-penalty --iterations 6 --eval-every 3 \
-        --warm-start before --out benchmarks/results/invalid_penalty        # the two forms of the invalid-action penalty
+        --warm-start before --out benchmarks/results/invalid_penalty  # the two forms of the invalid-action penalty
     python -m agent_rl.benchmarks.main_job_defaults --arms shortest-900,explore-900,shortest-300,explore-900-cosine \
         --iterations 0 --out benchmarks/results/warm_start_teacher  # the warm start's teacher, length, schedule
     python -m agent_rl.benchmarks.main_job_defaults --arms precision-fp32,precision-bf16 --iterations 0 --engine hf \
@@ -34,26 +34,52 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from agent_rl.benchmarks.common import RESULTS_DIR, machine_info
 from agent_rl.benchmarks.paired_stats import mean_interval, paired_difference
 
 COMMON = (
-    "trainer.target_success=null", "trainer.eval_sampled=false", "logging.tensorboard=false",
-    "logging.console=false", "trainer.save_every=1000",
+    "trainer.target_success=null",
+    "trainer.eval_sampled=false",
+    "logging.tensorboard=false",
+    "logging.console=false",
+    "trainer.save_every=1000",
 )
-PREVIOUS = ("algo=gigpo", "algo.advantage=grpo", "algo.step_normalize=mean_std", "algo.loss=grpo", "optim.minibatches=1",
-            "optim.lr=3e-4", "algo.gamma=0.95", "algo.invalid_penalty=0")
+PREVIOUS = (
+    "algo=gigpo",
+    "algo.advantage=grpo",
+    "algo.step_normalize=mean_std",
+    "algo.loss=grpo",
+    "optim.minibatches=1",
+    "optim.lr=3e-4",
+    "algo.gamma=0.95",
+    "algo.invalid_penalty=0",
+)
 """The main job's learner before both comparisons: GRPO's std-normalized advantages at both levels,
 GRPO's token-level loss, one optimizer step per batch at lr 3e-4, step returns discounted by 0.95,
 no invalid-action penalty. At one step per batch GSPO-token's gradient is GRPO's, so this is also
 the embedded learner that ``mission`` replaced."""
-NEW = ("algo=gigpo", "algo.advantage=drgrpo", "algo.step_normalize=mean", "algo.loss=gspo_token", "optim.minibatches=4",
-       "optim.lr=3e-4", "algo.gamma=0.95", "algo.invalid_penalty=0")
+NEW = (
+    "algo=gigpo",
+    "algo.advantage=drgrpo",
+    "algo.step_normalize=mean",
+    "algo.loss=gspo_token",
+    "optim.minibatches=4",
+    "optim.lr=3e-4",
+    "algo.gamma=0.95",
+    "algo.invalid_penalty=0",
+)
 """The mission's stack: Dr.GRPO advantages (mean-centred, no std) at both levels and GSPO-token,
 4 minibatches per batch."""
-EMBEDDED_BEFORE = ("algo=gigpo", "algo.advantage=grpo", "algo.step_normalize=mean_std", "algo.loss=gspo_token",
-                   "optim.minibatches=1", "optim.lr=3e-4", "algo.gamma=0.95", "algo.invalid_penalty=0")
+EMBEDDED_BEFORE = (
+    "algo=gigpo",
+    "algo.advantage=grpo",
+    "algo.step_normalize=mean_std",
+    "algo.loss=gspo_token",
+    "optim.minibatches=1",
+    "optim.lr=3e-4",
+    "algo.gamma=0.95",
+    "algo.invalid_penalty=0",
+)
 """The embedded learner when the penalty and episode-statistics arms ran (``previous`` with
 GSPO-token, whose gradient at one step per batch is GRPO's)."""
 MISSION = (*NEW[:4], "optim.minibatches=4", "optim.lr=1e-4", "algo.gamma=1.0", "algo.invalid_penalty=0.5")
@@ -62,8 +88,15 @@ parameter by about lr per step, whatever the gradient's size), undiscounted step
 discount, all-win groups reward whatever walk was shortest in that maze, which a policy that sees
 one room cannot know), and a 0.5 penalty on each invalid action in credit (an all-fail group's
 repeated invalid command gets no other signal)."""
-LEARNER_OF_THEN = ("optim.minibatch_size=0", "optim.epochs=1", "optim.warmup_steps=0", "algo.negative_weight=1",
-                   "algo.row_weight=turn", "rollout.temperature=1", "rollout.min_batch_rows=0")
+LEARNER_OF_THEN = (
+    "optim.minibatch_size=0",
+    "optim.epochs=1",
+    "optim.warmup_steps=0",
+    "algo.negative_weight=1",
+    "algo.row_weight=turn",
+    "rollout.temperature=1",
+    "rollout.min_batch_rows=0",
+)
 """The update schedule and credit weighting every arm below ran with: minibatches counted, one
 epoch, no warmup, negative advantages at full weight, every turn weighing the same, sampling at
 temperature 1. The main job's recipe has since changed them (``current`` runs it). The update
@@ -88,8 +121,14 @@ ARMS = {name: (*LEARNER_OF_THEN, *arm) if arm else arm for name, arm in ARMS.ite
 """Each arm is a set of config overrides on top of the main job's recipe (``maze``); each names
 every learner setting it depends on (with ``LEARNER_OF_THEN``), so it reproduces whatever the
 recipe holds; ``current`` is the recipe itself."""
-WARM_START_BEFORE = ("env.kwargs.oracle=shortest", "sft.steps=300", "sft.episodes=400", "sft.lr_schedule=constant",
-                     "sft.batch_size=16", "sft.perturb=0")
+WARM_START_BEFORE = (
+    "env.kwargs.oracle=shortest",
+    "sft.steps=300",
+    "sft.episodes=400",
+    "sft.lr_schedule=constant",
+    "sft.batch_size=16",
+    "sft.perturb=0",
+)
 """The main job's warm start when the learner arms were compared (``--warm-start before``): 300
 constant-rate steps of 16 pairs cloning 400 episodes of the shortest-path oracle."""
 WARM_START_ARMS: dict[str, tuple[str, ...]] = {
@@ -108,6 +147,7 @@ WARM_START_ARMS: dict[str, tuple[str, ...]] = {
 from the seed's shared one (with ``--iterations 0`` they compare warm starts alone)."""
 KNOWN_ARMS = {**ARMS, **WARM_START_ARMS}
 
+
 def mean_ci(values) -> dict[str, float]:
     """Mean and the half-width of its 95% t-interval (0 for a single value)."""
     mean, half = mean_interval(np.asarray(values, dtype=np.float64))
@@ -117,35 +157,60 @@ def mean_ci(values) -> dict[str, float]:
 def warm_start(seed: int, args: argparse.Namespace) -> Path:
     """The seed's shared warm start, trained once: the main job's iteration 0 (``--warm-start
     default``) or ``WARM_START_BEFORE``'s."""
-    from agent_rl.config import DEFAULT_RECIPE, load_config
     from agent_rl.training.infra import checkpoint
     from agent_rl.training.loop.trainer import train
+
+    from agent_rl.config import DEFAULT_RECIPE, load_config
 
     run_dir = args.out / "warm_start" / f"seed{seed}"
     if not (run_dir / "DONE").exists():
         shutil.rmtree(run_dir, ignore_errors=True)
         before = WARM_START_BEFORE if args.warm_start == "before" else ()
-        train(load_config(DEFAULT_RECIPE, [*COMMON, *before, f"engine={args.engine}", f"trainer.seed={seed}",
-                                           f"trainer.run_dir={run_dir}", "trainer.iterations=0",
-                                           f"trainer.torch_threads={args.threads}"]))
+        train(
+            load_config(
+                DEFAULT_RECIPE,
+                [
+                    *COMMON,
+                    *before,
+                    f"engine={args.engine}",
+                    f"trainer.seed={seed}",
+                    f"trainer.run_dir={run_dir}",
+                    "trainer.iterations=0",
+                    f"trainer.torch_threads={args.threads}",
+                ],
+            )
+        )
         (run_dir / "DONE").touch()
     return checkpoint.find_checkpoint(run_dir, "sft").model_dir
 
 
 def run_arm(arm: str, seed: int, args: argparse.Namespace) -> list[dict]:
-    from agent_rl.config import DEFAULT_RECIPE, load_config
     from agent_rl.training.infra.logger import read_metrics
     from agent_rl.training.loop.trainer import train
+
+    from agent_rl.config import DEFAULT_RECIPE, load_config
 
     run_dir = args.out / "runs" / arm / f"seed{seed}"
     if not (run_dir / "DONE").exists():
         start = [] if arm in WARM_START_ARMS else [f"policy={warm_start(seed, args)}", "sft.mode=none"]
         shutil.rmtree(run_dir, ignore_errors=True)
-        train(load_config(DEFAULT_RECIPE, [
-            *COMMON, *KNOWN_ARMS[arm], f"engine={args.engine}", *start, f"trainer.seed={seed}",
-            f"trainer.run_dir={run_dir}", f"trainer.iterations={args.iterations}", f"trainer.eval_every={args.eval_every}",
-            f"trainer.eval_episodes={args.eval_episodes}", f"trainer.torch_threads={args.threads}",
-        ]))
+        train(
+            load_config(
+                DEFAULT_RECIPE,
+                [
+                    *COMMON,
+                    *KNOWN_ARMS[arm],
+                    f"engine={args.engine}",
+                    *start,
+                    f"trainer.seed={seed}",
+                    f"trainer.run_dir={run_dir}",
+                    f"trainer.iterations={args.iterations}",
+                    f"trainer.eval_every={args.eval_every}",
+                    f"trainer.eval_episodes={args.eval_episodes}",
+                    f"trainer.torch_threads={args.threads}",
+                ],
+            )
+        )
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
         (run_dir / "DONE").touch()
     return read_metrics(run_dir)
@@ -164,8 +229,11 @@ def curve(records: list[dict]) -> dict[str, list[float]]:
         "sampled_rollout_success": [r.get("rollout/success_rate") for r in trained],
         "clip_frac": [r.get("update/clip_frac") for r in trained],
         "approx_kl": [r.get("update/approx_kl") for r in trained],
-        "seconds_per_iteration": float(np.mean([r.get("time/rollout", 0) + r.get("time/update", 0) + r.get("time/advantage", 0)
-                                                for r in trained])) if trained else None,
+        "seconds_per_iteration": float(
+            np.mean([r.get("time/rollout", 0) + r.get("time/update", 0) + r.get("time/advantage", 0) for r in trained])
+        )
+        if trained
+        else None,
     }
 
 
@@ -225,15 +293,25 @@ def plot(curves: dict[str, dict[int, dict]], seeds: list[int], path: Path) -> No
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arms", default="previous,new", help=f"comma-separated; each is paired with every arm before it; known: {', '.join(KNOWN_ARMS)}")
+    parser.add_argument(
+        "--arms",
+        default="previous,new",
+        help=f"comma-separated; each is paired with every arm before it; known: {', '.join(KNOWN_ARMS)}",
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--eval-episodes", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2, help="torch threads per run")
-    parser.add_argument("--warm-start", default="default", choices=["default", "before"],
-                        help="the learner arms' shared warm start: the main job's, or WARM_START_BEFORE's (the committed comparisons)")
-    parser.add_argument("--engine", default="auto", choices=["auto", "hf", "vllm"], help="rollout engine (auto: vLLM when installed)")
+    parser.add_argument(
+        "--warm-start",
+        default="default",
+        choices=["default", "before"],
+        help="the learner arms' shared warm start: the main job's, or WARM_START_BEFORE's (the committed comparisons)",
+    )
+    parser.add_argument(
+        "--engine", default="auto", choices=["auto", "hf", "vllm"], help="rollout engine (auto: vLLM when installed)"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "main_job_defaults")
     parser.add_argument("--summarize-only", action="store_true", help="write the summary of finished runs")
     args = parser.parse_args(argv)
@@ -256,10 +334,17 @@ def main(argv: list[str] | None = None) -> int:
                 progress.advance(task)
     seeds = [s for s in args.seeds if all(s in curves[a] for a in arms)]
     payload = {
-        "benchmark": "main_job_defaults", "machine": machine_info(), "arms": {a: list(KNOWN_ARMS[a]) for a in arms},
-        "common": [*COMMON, f"engine={args.engine}"], "seeds": seeds, "iterations": args.iterations, "eval_every": args.eval_every,
-        "eval_episodes": args.eval_episodes, "wall_s_of_this_invocation": time.perf_counter() - start,
-        "summary": summarize(curves, seeds) if seeds else {}, "curves": curves,
+        "benchmark": "main_job_defaults",
+        "machine": machine_info(),
+        "arms": {a: list(KNOWN_ARMS[a]) for a in arms},
+        "common": [*COMMON, f"engine={args.engine}"],
+        "seeds": seeds,
+        "iterations": args.iterations,
+        "eval_every": args.eval_every,
+        "eval_episodes": args.eval_episodes,
+        "wall_s_of_this_invocation": time.perf_counter() - start,
+        "summary": summarize(curves, seeds) if seeds else {},
+        "curves": curves,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "summary.json").write_text(json.dumps(payload, indent=2) + "\n")

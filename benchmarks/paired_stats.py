@@ -187,7 +187,9 @@ def paired_difference(treatment: np.ndarray, baseline: np.ndarray, *, confidence
     treatment = np.asarray(treatment, dtype=np.float64).reshape(-1)
     baseline = np.asarray(baseline, dtype=np.float64).reshape(-1)
     if len(treatment) != len(baseline):
-        raise ValueError(f"paired_difference needs one value per seed in both arms, got {len(treatment)} and {len(baseline)}")
+        raise ValueError(
+            f"paired_difference needs one value per seed in both arms, got {len(treatment)} and {len(baseline)}"
+        )
     if len(treatment) < 2:
         raise ValueError(f"paired_difference needs at least 2 pairs, got {len(treatment)}")
     if not 0.0 < confidence < 1.0:
@@ -199,8 +201,17 @@ def paired_difference(treatment: np.ndarray, baseline: np.ndarray, *, confidence
     half = student_t_quantile(0.5 + confidence / 2.0, n - 1) * std / math.sqrt(n)
     statistic, p = wilcoxon_signed_rank(differences)
     return PairedDifference(
-        n=n, mean=mean, std=std, ci_low=mean - half, ci_high=mean + half, confidence=confidence,
-        wilcoxon_statistic=statistic, wilcoxon_p=p, t_p=paired_t_p(differences), wins=int((differences > 0).sum()), losses=int((differences < 0).sum()),
+        n=n,
+        mean=mean,
+        std=std,
+        ci_low=mean - half,
+        ci_high=mean + half,
+        confidence=confidence,
+        wilcoxon_statistic=statistic,
+        wilcoxon_p=p,
+        t_p=paired_t_p(differences),
+        wins=int((differences > 0).sum()),
+        losses=int((differences < 0).sum()),
     )
 
 
@@ -238,8 +249,14 @@ class AdjustedComparison:
         return self.holm_t_p < alpha
 
     def as_dict(self) -> dict[str, float | int]:
-        return {**self.difference.as_dict(), "family_size": self.family_size, "holm_t_p": self.holm_t_p,
-                "holm_wilcoxon_p": self.holm_wilcoxon_p, "adjusted_ci_low": self.ci_low, "adjusted_ci_high": self.ci_high}
+        return {
+            **self.difference.as_dict(),
+            "family_size": self.family_size,
+            "holm_t_p": self.holm_t_p,
+            "holm_wilcoxon_p": self.holm_wilcoxon_p,
+            "adjusted_ci_low": self.ci_low,
+            "adjusted_ci_high": self.ci_high,
+        }
 
 
 def adjust_family(family: dict[str, PairedDifference]) -> dict[str, AdjustedComparison]:

@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 import torch
-
 from agent_rl.benchmarks.common import RESULTS_DIR, machine_info, write_result
 
 OUT_DIR = RESULTS_DIR / "precision_parity"
@@ -30,25 +29,34 @@ SIZES = {"prompts": 8, "samples": 8, "max_new_tokens": 32}
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated policies (default {','.join(MODELS)})")
+    parser.add_argument(
+        "--models", default=",".join(MODELS), help=f"comma-separated policies (default {','.join(MODELS)})"
+    )
     parser.add_argument("--out", type=Path, default=OUT_DIR, help=f"results directory (default {OUT_DIR})")
     args = parser.parse_args(argv)
-    from rich.console import Console
-
     from agent_rl.benchmarks.gpu_check import parity
     from agent_rl.training.infra.distributed import bf16_supported
     from agent_rl.training.models.policy import load_policy
+    from rich.console import Console
 
     console = Console()
     # Without AVX512-BF16 or AMX torch emulates bf16: slower, with the same rounding, so the gaps hold.
-    result = {"machine": machine_info(), "bf16_native": bf16_supported(torch.device("cpu")), "sizes": SIZES, "models": {}}
+    result = {
+        "machine": machine_info(),
+        "bf16_native": bf16_supported(torch.device("cpu")),
+        "sizes": SIZES,
+        "models": {},
+    }
     for name in args.models.split(","):
         model, tokenizer = load_policy(name, device=torch.device("cpu"))
         result["models"][name] = found = parity(model, tokenizer, SIZES)
         for variant in ("fp32", "bf16", "bf16_head"):
             g = found[f"engine_vs_learner_{variant}"]
-            console.print(f"{name} {variant}: max {g['max']:.3g}, mean {g['mean']:.3g}, tokens outside PPO's clip "
-                          f"{g['tokens_outside_ppo_clip']:.1%}, sequences outside GSPO's band {g['sequences_outside_gspo_band']:.1%}")
+            console.print(
+                f"{name} {variant}: max {g['max']:.3g}, mean {g['mean']:.3g}, tokens outside PPO's clip "
+                f"{g['tokens_outside_ppo_clip']:.1%}, sequences outside GSPO's band "
+                f"{g['sequences_outside_gspo_band']:.1%}"
+            )
     console.print(f"wrote {write_result('cpu', result, args.out)}")
     return 0
 

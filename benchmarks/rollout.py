@@ -30,19 +30,19 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import torch
+from agent_rl.benchmarks.common import best_of, write_result
+from agent_rl.training.infra.resolution import vllm_available
+from agent_rl.training.loop.rollout import collect_rollouts
+from agent_rl.training.models.policy import load_policy
+from agent_rl.training.models.prompts import PromptFormat
+from agent_rl.training.serving.engines import SamplingParams, make_engine
+from agent_rl.training.serving.envpool import RegisteredEnv
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
 from agent_rl import envs  # noqa: F401  (registers the bundled environments)
 from agent_rl.config import ACTION_PARSERS, RolloutConfig
-from agent_rl.benchmarks.common import best_of, write_result
-from agent_rl.training.serving.engines import SamplingParams, make_engine
-from agent_rl.training.serving.envpool import RegisteredEnv
-from agent_rl.training.models.policy import load_policy
-from agent_rl.training.models.prompts import PromptFormat
-from agent_rl.training.infra.resolution import vllm_available
-from agent_rl.training.loop.rollout import collect_rollouts
 
 ENV_ID = "agent_rl/Maze-v0"
 GROUP_SIZE = 8
@@ -55,7 +55,9 @@ def maze_prompts(tokenizer, seeds: list[int], config: RolloutConfig) -> list[lis
     prompts = []
     for seed in seeds:
         observation, info = env.reset(seed=seed)
-        prompts.append(prompt_format.prompt_ids(tokenizer, info["task"], [], observation, info.get("admissible_actions")))
+        prompts.append(
+            prompt_format.prompt_ids(tokenizer, info["task"], [], observation, info.get("admissible_actions"))
+        )
     return prompts
 
 
@@ -72,13 +74,22 @@ def measure_generate(engine, prompts: list[list[int]], sampling: SamplingParams,
     return {"seconds": seconds, "tokens": int(np.median(tokens)), "tokens_per_s": float(np.median(tokens)) / seconds}
 
 
-def measure_engine(engine, model, tokenizer, workloads: dict[str, list[list[int]]], config: RolloutConfig,
-                   repeats: int, rollout_repeats: int) -> dict:
+def measure_engine(
+    engine,
+    model,
+    tokenizer,
+    workloads: dict[str, list[list[int]]],
+    config: RolloutConfig,
+    repeats: int,
+    rollout_repeats: int,
+) -> dict:
     sampling = SamplingParams(temperature=1.0, max_new_tokens=config.max_new_tokens)
     generate = {name: measure_generate(engine, prompts, sampling, repeats) for name, prompts in workloads.items()}
     stats = max(
-        (collect_rollouts(RegisteredEnv(ENV_ID), engine, tokenizer, config, np.random.default_rng(0))[1]
-         for _ in range(rollout_repeats)),
+        (
+            collect_rollouts(RegisteredEnv(ENV_ID), engine, tokenizer, config, np.random.default_rng(0))[1]
+            for _ in range(rollout_repeats)
+        ),
         key=lambda s: s["turns_per_s"],
     )
     perturbed = {name: p.detach() + 1e-3 * torch.randn_like(p) for name, p in model.state_dict().items()}
@@ -103,8 +114,12 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=8, help="rollout groups (x group size 8)")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--turns", type=int, default=4, help="rollout max turns")
-    parser.add_argument("--repeats", type=int, default=6, help="timed generate calls per workload (hf speeds up over the first few)")
-    parser.add_argument("--rollout-repeats", type=int, default=3, help="rollout collections per engine (the best counts)")
+    parser.add_argument(
+        "--repeats", type=int, default=6, help="timed generate calls per workload (hf speeds up over the first few)"
+    )
+    parser.add_argument(
+        "--rollout-repeats", type=int, default=3, help="rollout collections per engine (the best counts)"
+    )
     parser.add_argument("--policy", default="embedded", help="policy name or path (training.models.policy.load_policy)")
     parser.add_argument("--parser", default="first_line", choices=ACTION_PARSERS, help="rollout.parser of the prompts")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/results)")
@@ -112,8 +127,15 @@ def main() -> None:
 
     console = Console()
     model, tokenizer = load_policy(args.policy)
-    config = RolloutConfig(n_groups=args.groups, group_size=GROUP_SIZE, max_turns=args.turns, history_turns=2,
-                           max_new_tokens=args.max_new_tokens, max_prompt_tokens=1024, parser=args.parser)
+    config = RolloutConfig(
+        n_groups=args.groups,
+        group_size=GROUP_SIZE,
+        max_turns=args.turns,
+        history_turns=2,
+        max_new_tokens=args.max_new_tokens,
+        max_prompt_tokens=1024,
+        parser=args.parser,
+    )
     n_prompts = args.groups * GROUP_SIZE
     workloads = {
         "group": [p for p in maze_prompts(tokenizer, list(range(args.groups)), config) for _ in range(GROUP_SIZE)],
@@ -131,47 +153,76 @@ def main() -> None:
             start = time.perf_counter()
             engine = make_engine(kind, model, tokenizer, seed=0)
             init_seconds = time.perf_counter() - start
-            results[name] = {"engine": kind, "torch_threads": torch.get_num_threads(), "init_seconds": init_seconds,
-                             **measure_engine(engine, model, tokenizer, workloads, config, args.repeats,
-                                              args.rollout_repeats)}
+            results[name] = {
+                "engine": kind,
+                "torch_threads": torch.get_num_threads(),
+                "init_seconds": init_seconds,
+                **measure_engine(engine, model, tokenizer, workloads, config, args.repeats, args.rollout_repeats),
+            }
             engine.close()
             progress.advance(task)
     hf_runs = [r for r in results.values() if r["engine"] == "hf"]
     payload = {
         "model": {"name": args.policy, "parameters": sum(p.numel() for p in model.parameters()), "dtype": "float32"},
-        "workload": {"env": ENV_ID, "prompts": n_prompts, "group_size": GROUP_SIZE,
-                     "mean_prompt_tokens": {k: float(np.mean([len(p) for p in v])) for k, v in workloads.items()},
-                     "max_new_tokens": args.max_new_tokens, "rollout_groups": args.groups,
-                     "rollout_max_turns": args.turns, "parser": args.parser, "temperature": 1.0,
-                     "generate": "best of %d calls, vllm's prefix cache emptied before each" % args.repeats,
-                     "rollout": f"best of {args.rollout_repeats} collections"},
+        "workload": {
+            "env": ENV_ID,
+            "prompts": n_prompts,
+            "group_size": GROUP_SIZE,
+            "mean_prompt_tokens": {k: float(np.mean([len(p) for p in v])) for k, v in workloads.items()},
+            "max_new_tokens": args.max_new_tokens,
+            "rollout_groups": args.groups,
+            "rollout_max_turns": args.turns,
+            "parser": args.parser,
+            "temperature": 1.0,
+            "generate": "best of %d calls, vllm's prefix cache emptied before each" % args.repeats,
+            "rollout": f"best of {args.rollout_repeats} collections",
+        },
         "engines": results,
         "default_torch_threads": default_threads,
     }
     if "vllm" in results:
         vllm = results["vllm"]
         payload["vllm_over_hf"] = {
-            **{f"generate_{name}_tokens_per_s": vllm["generate"][name]["tokens_per_s"]
-               / max(r["generate"][name]["tokens_per_s"] for r in hf_runs) for name in workloads},
+            **{
+                f"generate_{name}_tokens_per_s": vllm["generate"][name]["tokens_per_s"]
+                / max(r["generate"][name]["tokens_per_s"] for r in hf_runs)
+                for name in workloads
+            },
             "rollout_turns_per_s": vllm["rollout_turns_per_s"] / max(r["rollout_turns_per_s"] for r in hf_runs),
             "target": 4.0,
         }
     stem = "rollout" if args.policy == "embedded" else f"rollout_{Path(args.policy).stem}"
     path = write_result(stem, payload, args.out)
     table = Table(title=f"rollout engines ({ENV_ID}, {n_prompts} prompts x {args.max_new_tokens} tokens)")
-    for column in ("engine", "threads", "gen tok/s (group)", "gen tok/s (distinct)", "rollout turns/s",
-                   "rollout tok/s", "sync s", "init s"):
+    for column in (
+        "engine",
+        "threads",
+        "gen tok/s (group)",
+        "gen tok/s (distinct)",
+        "rollout turns/s",
+        "rollout tok/s",
+        "sync s",
+        "init s",
+    ):
         table.add_column(column)
     for name, r in results.items():
-        table.add_row(name, str(r["torch_threads"]), *(f"{r['generate'][w]['tokens_per_s']:.0f}" for w in workloads),
-                      f"{r['rollout_turns_per_s']:.2f}", f"{r['rollout_tokens_per_s']:.0f}",
-                      f"{r['weight_sync_seconds']:.3f}", f"{r['init_seconds']:.1f}")
+        table.add_row(
+            name,
+            str(r["torch_threads"]),
+            *(f"{r['generate'][w]['tokens_per_s']:.0f}" for w in workloads),
+            f"{r['rollout_turns_per_s']:.2f}",
+            f"{r['rollout_tokens_per_s']:.0f}",
+            f"{r['weight_sync_seconds']:.3f}",
+            f"{r['init_seconds']:.1f}",
+        )
     console.print(table)
     if "vllm_over_hf" in payload:
         ratios = payload["vllm_over_hf"]
-        console.print(f"vllm / best hf: {ratios['generate_group_tokens_per_s']:.2f}x generate (group prompts), "
-                      f"{ratios['generate_distinct_tokens_per_s']:.2f}x (distinct prompts), "
-                      f"{ratios['rollout_turns_per_s']:.2f}x rollout turns/s (target 4x)")
+        console.print(
+            f"vllm / best hf: {ratios['generate_group_tokens_per_s']:.2f}x generate (group prompts), "
+            f"{ratios['generate_distinct_tokens_per_s']:.2f}x (distinct prompts), "
+            f"{ratios['rollout_turns_per_s']:.2f}x rollout turns/s (target 4x)"
+        )
     console.print(f"wrote {path}")
 
 

@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from agent_rl.benchmarks.common import write_result
 
 ENVS = {
@@ -45,11 +44,11 @@ class FirstAdmissibleEngine:
 
 def rollout_throughput(repeats: int) -> dict:
     import ray
+    from agent_rl.training.loop.rollout import collect_rollouts
+    from agent_rl.training.models.policy import load_policy
+    from agent_rl.training.serving.envpool import RayEnvPool, RegisteredEnv
 
     from agent_rl.config import RolloutConfig
-    from agent_rl.training.serving.envpool import RayEnvPool, RegisteredEnv
-    from agent_rl.training.models.policy import load_policy
-    from agent_rl.training.loop.rollout import collect_rollouts
 
     _, tokenizer = load_policy("embedded")
     engine = FirstAdmissibleEngine(tokenizer)
@@ -86,11 +85,11 @@ def rollout_throughput(repeats: int) -> dict:
 def ddp_worker(out_path: str, repeats: int) -> None:
     """One learner process: time accumulate_policy_gradient + all-reduce on a fixed minibatch."""
     import torch
-
-    from agent_rl.losses import LOSS_PRESETS
     from agent_rl.training.infra.distributed import all_reduce_gradients, init_distributed
     from agent_rl.training.loop.learner import accumulate_policy_gradient
     from agent_rl.training.models.policy import load_policy
+
+    from agent_rl.losses import LOSS_PRESETS
 
     torch.set_num_threads(1)
     model, _ = load_policy("embedded")
@@ -107,8 +106,15 @@ def ddp_worker(out_path: str, repeats: int) -> None:
         model.zero_grad(set_to_none=True)
         start = time.perf_counter()
         accumulate_policy_gradient(
-            model, prompts, responses, old, advantages, loss_kwargs={**LOSS_PRESETS["grpo"], "kl_coef": 0.0},
-            temperature=1.0, micro_batch_size=16, shard=(ctx.rank, ctx.world_size),
+            model,
+            prompts,
+            responses,
+            old,
+            advantages,
+            loss_kwargs={**LOSS_PRESETS["grpo"], "kl_coef": 0.0},
+            temperature=1.0,
+            micro_batch_size=16,
+            shard=(ctx.rank, ctx.world_size),
         )
         middle = time.perf_counter()
         all_reduce_gradients(params, ctx)
@@ -128,9 +134,21 @@ def ddp_overhead(repeats: int) -> dict:
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
             command = [
-                sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
-                "127.0.0.1", "--master_port", str(port), "-m", "agent_rl.benchmarks.scale", "--ddp-worker", out.name,
-                "--repeats", str(repeats),
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc_per_node",
+                str(nproc),
+                "--master_addr",
+                "127.0.0.1",
+                "--master_port",
+                str(port),
+                "-m",
+                "agent_rl.benchmarks.scale",
+                "--ddp-worker",
+                out.name,
+                "--repeats",
+                str(repeats),
             ]
             env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
             subprocess.run(command, check=True, env=env, capture_output=True)
@@ -162,8 +180,14 @@ def main() -> None:
         "scale",
         {
             "rollout": {"n_envs": 32, "max_turns": 20, "policy": "scripted, zero cost", "results": rollouts},
-            "ddp": {"minibatch_rows": 64, "prompt_tokens": 160, "response_tokens": 6, "torch_threads_per_process": 1,
-                    "backend": "gloo", "results": ddp},
+            "ddp": {
+                "minibatch_rows": 64,
+                "prompt_tokens": 160,
+                "response_tokens": 6,
+                "torch_threads_per_process": 1,
+                "backend": "gloo",
+                "results": ddp,
+            },
         },
         args.out,
     )

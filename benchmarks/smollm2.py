@@ -20,15 +20,14 @@ import tempfile
 import time
 
 import torch
-from rich.console import Console
-
 from agent_rl.benchmarks.common import write_result
-from agent_rl.training.serving.engines import HFEngine, SamplingParams, make_engine
-from agent_rl.training.loop.learner import sequence_logprobs
-from agent_rl.training.models.known import model_file
-from agent_rl.training.models.gguf import file_sha256, gguf_policy_dir
-from agent_rl.training.models.policy import load_policy
 from agent_rl.training.infra.resolution import vllm_available
+from agent_rl.training.loop.learner import sequence_logprobs
+from agent_rl.training.models.gguf import file_sha256, gguf_policy_dir
+from agent_rl.training.models.known import model_file
+from agent_rl.training.models.policy import load_policy
+from agent_rl.training.serving.engines import HFEngine, SamplingParams, make_engine
+from rich.console import Console
 
 NAME = "smollm2-135m-instruct"
 QUESTIONS = [
@@ -79,7 +78,9 @@ def main() -> None:
     result["parameters"] = sum(p.numel() for p in model.parameters())
 
     prompts = [
-        tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=False)
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
         for q in QUESTIONS
     ]
     moved = copy.deepcopy(model)
@@ -100,14 +101,20 @@ def main() -> None:
         engine = make_engine("vllm", model, tokenizer, kv_cache_memory_bytes=256 * 2**20, max_model_len=2048)
         try:
             result["vllm"] = {"before_sync": gaps(engine, model, prompts)}
-            result["vllm"]["greedy_equals_hf"] = [g[0].token_ids for g in engine.generate(prompts, 1, GREEDY)] == hf_greedy
+            result["vllm"]["greedy_equals_hf"] = [
+                g[0].token_ids for g in engine.generate(prompts, 1, GREEDY)
+            ] == hf_greedy
             start = time.perf_counter()
             engine.update_weights(moved)
             result["vllm"]["sync_s"] = time.perf_counter() - start
             result["vllm"]["after_sync"] = gaps(engine, moved, prompts)
-            result["vllm"]["after_sync_vs_old_weights"] = max_gap(model, prompts, engine.generate(prompts, 4, SAMPLINGS["t1"]), 1.0)
+            result["vllm"]["after_sync_vs_old_weights"] = max_gap(
+                model, prompts, engine.generate(prompts, 4, SAMPLINGS["t1"]), 1.0
+            )
             moved_greedy = [g[0].token_ids for g in HFEngine(moved, tokenizer).generate(prompts, 1, GREEDY)]
-            result["vllm"]["greedy_equals_hf_after_sync"] = [g[0].token_ids for g in engine.generate(prompts, 1, GREEDY)] == moved_greedy
+            result["vllm"]["greedy_equals_hf_after_sync"] = [
+                g[0].token_ids for g in engine.generate(prompts, 1, GREEDY)
+            ] == moved_greedy
         finally:
             engine.close()
         console.print(f"vllm max |logprob gap|: {result['vllm']}")

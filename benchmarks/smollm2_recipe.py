@@ -29,13 +29,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from agent_rl.benchmarks.common import RESULTS_DIR, best_of, write_result
+from agent_rl.training.infra.logger import read_metrics
+from agent_rl.training.loop.trainer import train
+from agent_rl.training.models.policy import load_policy
 from rich.console import Console
 
 from agent_rl.config import load_config
-from agent_rl.benchmarks.common import RESULTS_DIR, best_of, write_result
-from agent_rl.training.infra.logger import read_metrics
-from agent_rl.training.models.policy import load_policy
-from agent_rl.training.loop.trainer import train
 
 RECIPE = "smollm2-maze"
 PHASES = ("rollout", "advantage", "update", "sync", "eval")
@@ -53,13 +53,18 @@ def zero_shot_baseline(config) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     for cell in json.loads(path.read_text())["cells"]:
-        if cell["env_id"] == config.env.id and cell["env_kwargs"] == config.env.kwargs and cell["parser"] == config.rollout.parser:
+        if (
+            cell["env_id"] == config.env.id
+            and cell["env_kwargs"] == config.env.kwargs
+            and cell["parser"] == config.rollout.parser
+        ):
             return cell
     return None
 
 
-def summarize(records: list[dict[str, Any]], non_embedding_parameters: int, peak: float,
-              weight_gradients: bool = True) -> dict[str, Any]:
+def summarize(
+    records: list[dict[str, Any]], non_embedding_parameters: int, peak: float, weight_gradients: bool = True
+) -> dict[str, Any]:
     """Curve, phase seconds and throughput of a finished run's metrics records; a forwarded token
     costs 2 FLOPs per non-embedding parameter forward, 2 for activation gradients and, unless the
     weights are frozen (``weight_gradients=False``, LoRA), 2 for weight gradients."""
@@ -84,7 +89,9 @@ def summarize(records: list[dict[str, Any]], non_embedding_parameters: int, peak
         "warm_start": {k: v for k, v in records[0].items() if k.startswith("sft/")} if records else {},
         "wall_s": records[-1]["time/elapsed"] if records else 0.0,
         "phase_seconds": phase_seconds,
-        "mean_phase_seconds_per_iteration": {p: phase_seconds[p] / max(len(iterations), 1) for p in PHASES if p != "eval"},
+        "mean_phase_seconds_per_iteration": {
+            p: phase_seconds[p] / max(len(iterations), 1) for p in PHASES if p != "eval"
+        },
         "rollout_tokens_generated": generated,
         "rollout_tokens_per_s": generated / phase_seconds["rollout"] if phase_seconds["rollout"] else 0.0,
         "learner_forwarded_tokens": forwarded,
@@ -99,8 +106,12 @@ def summarize(records: list[dict[str, Any]], non_embedding_parameters: int, peak
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "smollm2_recipe", help="results directory")
-    parser.add_argument("--from-run", type=Path, metavar="RUN_DIR",
-                        help="summarize this existing run of the recipe (copied to OUT/run) instead of training")
+    parser.add_argument(
+        "--from-run",
+        type=Path,
+        metavar="RUN_DIR",
+        help="summarize this existing run of the recipe (copied to OUT/run) instead of training",
+    )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
     args = parser.parse_args(argv)
     console = Console()
@@ -126,9 +137,14 @@ def main(argv: list[str] | None = None) -> Path:
     parameters = sum(p.numel() for p in model.parameters())
     non_embedding = parameters - model.get_input_embeddings().weight.numel()
     result = {
-        "recipe": RECIPE, "overrides": args.overrides, "parameters": parameters, "non_embedding_parameters": non_embedding,
+        "recipe": RECIPE,
+        "overrides": args.overrides,
+        "parameters": parameters,
+        "non_embedding_parameters": non_embedding,
         "matmul_peak_flops_per_s": peak,
-        "best_greedy_success": max((r["eval/greedy_success"] for r in records if "eval/greedy_success" in r), default=None),
+        "best_greedy_success": max(
+            (r["eval/greedy_success"] for r in records if "eval/greedy_success" in r), default=None
+        ),
         "zero_shot": zero_shot_baseline(config),
         **summarize(records, non_embedding, peak, weight_gradients=not config.policy.lora_rank),
     }

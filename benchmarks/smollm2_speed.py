@@ -37,9 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rich.console import Console
-
 from agent_rl.benchmarks.common import RESULTS_DIR, machine_info, runs_stop_with_this_process, write_result
+from rich.console import Console
 
 RECIPE = "smollm2-maze"
 MEASURED_WITH = ("rollout.history_turns=1",)
@@ -63,7 +62,9 @@ float32 and bf16 (:func:`tiny_main_job`)."""
 PARITY_SIZES = {"prompts": 8, "samples": 2, "max_new_tokens": 12}
 
 
-def run_train(overrides: list[str], run_dir: Path, console: Console, recipe: str | None = RECIPE) -> list[dict[str, Any]]:
+def run_train(
+    overrides: list[str], run_dir: Path, console: Console, recipe: str | None = RECIPE
+) -> list[dict[str, Any]]:
     """``agent-rl train --config recipe`` (no ``--config`` when None: the main job) in a fresh
     process; its metrics records."""
     from agent_rl.training.infra.logger import read_metrics
@@ -71,8 +72,17 @@ def run_train(overrides: list[str], run_dir: Path, console: Console, recipe: str
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
-    command = [sys.executable, "-m", "agent_rl.cli", "train", *(["--config", recipe] if recipe else []), *overrides,
-               f"trainer.run_dir={run_dir}", "logging.tensorboard=false", "logging.console=false"]
+    command = [
+        sys.executable,
+        "-m",
+        "agent_rl.cli",
+        "train",
+        *(["--config", recipe] if recipe else []),
+        *overrides,
+        f"trainer.run_dir={run_dir}",
+        "logging.tensorboard=false",
+        "logging.console=false",
+    ]
     with (run_dir / "train.log").open("w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         with runs_stop_with_this_process(lambda: [process]):
@@ -91,24 +101,40 @@ def tiny_main_job(out: Path, steps: int, console: Console) -> dict[str, Any]:
     for precision in ("fp32", "bf16"):
         console.print(f"main job, embedded model ({precision})")
         run_dir = out / "tiny" / precision
-        records = run_train([f"policy.precision={precision}", f"sft.steps={steps}", f"sft.episodes={steps * 4}",
-                             "trainer.iterations=2", "trainer.eval_first=false", "trainer.eval_every=0",
-                             "trainer.eval_episodes=8", "trainer.target_success=null"], run_dir, console, recipe=None)
+        records = run_train(
+            [
+                f"policy.precision={precision}",
+                f"sft.steps={steps}",
+                f"sft.episodes={steps * 4}",
+                "trainer.iterations=2",
+                "trainer.eval_first=false",
+                "trainer.eval_every=0",
+                "trainer.eval_episodes=8",
+                "trainer.target_success=null",
+            ],
+            run_dir,
+            console,
+            recipe=None,
+        )
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
         iterations = records[1:]
         update_s = sum(r["time/update"] for r in iterations)
         result[precision] = {
-            "warm_start_s": records[0]["time/elapsed"], "sft/token_accuracy": records[0]["sft/token_accuracy"],
+            "warm_start_s": records[0]["time/elapsed"],
+            "sft/token_accuracy": records[0]["sft/token_accuracy"],
             "sft/loss": records[0]["sft/loss"],
-            "learner_tokens_per_s": sum(r["update/forwarded_tokens"] for r in iterations) / update_s if update_s else None,
+            "learner_tokens_per_s": sum(r["update/forwarded_tokens"] for r in iterations) / update_s
+            if update_s
+            else None,
             "rollout_s_per_iteration": sum(r["time/rollout"] for r in iterations) / len(iterations),
         }
     result["warm_start_speedup_bf16"] = result["fp32"]["warm_start_s"] / result["bf16"]["warm_start_s"]
     return result
 
 
-def arm_summary(records: list[dict[str, Any]], non_embedding: int, peaks: dict[str, float], lora: bool,
-                eval_episodes: int) -> dict[str, Any]:
+def arm_summary(
+    records: list[dict[str, Any]], non_embedding: int, peaks: dict[str, float], lora: bool, eval_episodes: int
+) -> dict[str, Any]:
     """Per-iteration phase means, rates and FLOP/s of one arm's run."""
     from agent_rl.benchmarks.smollm2_recipe import summarize
 
@@ -144,25 +170,41 @@ def add_speedups(arms: dict[str, dict[str, Any]], baseline: str) -> None:
     forwarded = base["rows_per_iteration"] * base["forwarded_tokens_per_row"]
     for arm in arms.values():
         update_s = forwarded / arm["learner_tokens_per_s"] if arm["learner_tokens_per_s"] else 0.0  # no update ran
-        arm["iteration_s_on_baseline_workload"] = (base["rows_per_iteration"] / arm["rollout_rows_per_s"] + update_s
-                                                   + arm["phase_s"]["advantage"] + arm["phase_s"]["sync"])
+        arm["iteration_s_on_baseline_workload"] = (
+            base["rows_per_iteration"] / arm["rollout_rows_per_s"]
+            + update_s
+            + arm["phase_s"]["advantage"]
+            + arm["phase_s"]["sync"]
+        )
     for arm in arms.values():
         arm["speedup_per_iteration"] = base["iteration_s"] / arm["iteration_s"]
-        arm["speedup_on_baseline_workload"] = base["iteration_s_on_baseline_workload"] / arm["iteration_s_on_baseline_workload"]
+        arm["speedup_on_baseline_workload"] = (
+            base["iteration_s_on_baseline_workload"] / arm["iteration_s_on_baseline_workload"]
+        )
         arm["speedup_per_eval_episode"] = base["eval_s_per_episode"] / arm["eval_s_per_episode"]
 
 
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "smollm2_speed", help="results directory")
-    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated arms of {list(ARMS)}; the first is the baseline")
+    parser.add_argument(
+        "--arms", default=",".join(ARMS), help=f"comma-separated arms of {list(ARMS)}; the first is the baseline"
+    )
     parser.add_argument("--iterations", type=int, default=3, help="RL iterations per arm")
     parser.add_argument("--eval-episodes", type=int, default=32, help="greedy held-out episodes at each arm's end")
-    parser.add_argument("--parts", default=",".join(PARTS),
-                        help=f"comma-separated parts of {list(PARTS)}; the result file keeps the parts not rerun")
-    parser.add_argument("--tiny-steps", type=int, default=300, help="cloning steps of the main job's warm start (tiny part)")
-    parser.add_argument("--report", action="store_true",
-                        help="summarize the SmolLM2 runs already under --out again (their metrics.jsonl); train nothing")
+    parser.add_argument(
+        "--parts",
+        default=",".join(PARTS),
+        help=f"comma-separated parts of {list(PARTS)}; the result file keeps the parts not rerun",
+    )
+    parser.add_argument(
+        "--tiny-steps", type=int, default=300, help="cloning steps of the main job's warm start (tiny part)"
+    )
+    parser.add_argument(
+        "--report",
+        action="store_true",
+        help="summarize the SmolLM2 runs already under --out again (their metrics.jsonl); train nothing",
+    )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides for every SmolLM2 run")
     args = parser.parse_args(argv)
     arms, parts = args.arms.split(","), args.parts.split(",")
@@ -184,21 +226,29 @@ def main(argv: list[str] | None = None) -> Path:
         if "tiny" in parts:
             result["tiny"] = {"machine": machine_info(), **tiny_main_job(args.out, args.tiny_steps, console)}
         if "smollm2" in parts:
-            peaks = {str(dtype).removeprefix("torch."): matmul_peak(cpu, dtype, 2048, 10) * 1e12
-                     for dtype in (torch.bfloat16, torch.float32)}
-            console.print(f"matmul peaks: bf16 {peaks['bfloat16'] / 1e9:.0f}, fp32 {peaks['float32'] / 1e9:.0f} GFLOP/s")
+            peaks = {
+                str(dtype).removeprefix("torch."): matmul_peak(cpu, dtype, 2048, 10) * 1e12
+                for dtype in (torch.bfloat16, torch.float32)
+            }
+            console.print(
+                f"matmul peaks: bf16 {peaks['bfloat16'] / 1e9:.0f}, fp32 {peaks['float32'] / 1e9:.0f} GFLOP/s"
+            )
             result["smollm2"] = summarize_smollm2(args.out, train_smollm2(args, arms, peaks, console))
     for arm, r in result.get("smollm2", {}).get("arms", {}).items():
-        console.print(f"{arm:>20}: {r['iteration_s']:6.1f} s/iteration ({r['speedup_per_iteration']:.2f}x; "
-                      f"{r['speedup_on_baseline_workload']:.2f}x on the baseline's workload), eval "
-                      f"{r['eval_s_per_episode']:.2f} s/episode, learner {r['learner_flops_per_s'] / 1e9:.0f} GFLOP/s")
+        console.print(
+            f"{arm:>20}: {r['iteration_s']:6.1f} s/iteration ({r['speedup_per_iteration']:.2f}x; "
+            f"{r['speedup_on_baseline_workload']:.2f}x on the baseline's workload), eval "
+            f"{r['eval_s_per_episode']:.2f} s/episode, learner {r['learner_flops_per_s'] / 1e9:.0f} GFLOP/s"
+        )
     result.pop("machine", None)  # each part holds the machine it ran on
     path = write_result("smollm2_speed", result, args.out)
     console.print(f"wrote {path}")
     return path
 
 
-def train_smollm2(args: argparse.Namespace, arms: list[str], peaks: dict[str, float], console: Console) -> dict[str, Any]:
+def train_smollm2(
+    args: argparse.Namespace, arms: list[str], peaks: dict[str, float], console: Console
+) -> dict[str, Any]:
     """The SmolLM2 runs: warm starts in both precisions, logprob parity, then the arms from the
     float32 warm start; what :func:`summarize_smollm2` needs besides the runs' logs."""
     from agent_rl.benchmarks.gpu_check import parity
@@ -208,8 +258,17 @@ def train_smollm2(args: argparse.Namespace, arms: list[str], peaks: dict[str, fl
     recipe_overrides = [*MEASURED_WITH, *args.overrides]
     for precision in ("fp32", "bf16"):
         console.print(f"warm start ({precision})")
-        run_train([*recipe_overrides, "engine=hf", f"policy.precision={precision}", "trainer.iterations=0",
-                   "trainer.eval_first=false"], args.out / "sft" / precision, console)
+        run_train(
+            [
+                *recipe_overrides,
+                "engine=hf",
+                f"policy.precision={precision}",
+                "trainer.iterations=0",
+                "trainer.eval_first=false",
+            ],
+            args.out / "sft" / precision,
+            console,
+        )
     start_model = checkpoint.find_checkpoint(args.out / "sft" / "fp32", "sft").model_dir
     model, tokenizer = load_policy(str(start_model))
     non_embedding = sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
@@ -218,16 +277,34 @@ def train_smollm2(args: argparse.Namespace, arms: list[str], peaks: dict[str, fl
     del model
     for arm in arms:
         console.print(f"arm {arm}")
-        run_train([*recipe_overrides, *ARMS[arm], f"policy={start_model}", "sft.mode=none", "trainer.eval_first=false",
-                   f"trainer.iterations={args.iterations}", f"trainer.eval_every={args.iterations}",
-                   f"trainer.eval_episodes={args.eval_episodes}", f"trainer.save_every={args.iterations}"],
-                  args.out / "runs" / arm, console)
+        run_train(
+            [
+                *recipe_overrides,
+                *ARMS[arm],
+                f"policy={start_model}",
+                "sft.mode=none",
+                "trainer.eval_first=false",
+                f"trainer.iterations={args.iterations}",
+                f"trainer.eval_every={args.iterations}",
+                f"trainer.eval_episodes={args.eval_episodes}",
+                f"trainer.save_every={args.iterations}",
+            ],
+            args.out / "runs" / arm,
+            console,
+        )
         shutil.rmtree(args.out / "runs" / arm / "checkpoints", ignore_errors=True)  # 0.5 GB each
     for precision in ("fp32", "bf16"):
         shutil.rmtree(args.out / "sft" / precision / "checkpoints", ignore_errors=True)
-    return {"machine": machine_info(), "recipe": RECIPE, "overrides": recipe_overrides, "arm_order": arms,
-            "eval_episodes": args.eval_episodes, "matmul_peak_flops_per_s": peaks,
-            "non_embedding_parameters": non_embedding, "parity": parity_result}
+    return {
+        "machine": machine_info(),
+        "recipe": RECIPE,
+        "overrides": recipe_overrides,
+        "arm_order": arms,
+        "eval_episodes": args.eval_episodes,
+        "matmul_peak_flops_per_s": peaks,
+        "non_embedding_parameters": non_embedding,
+        "parity": parity_result,
+    }
 
 
 def summarize_smollm2(out: Path, part: dict[str, Any]) -> dict[str, Any]:
@@ -242,12 +319,23 @@ def summarize_smollm2(out: Path, part: dict[str, Any]) -> dict[str, Any]:
     arms = {}
     for arm in part["arm_order"]:
         records = read_metrics(out / "runs" / arm)
-        arms[arm] = {"overrides": list(ARMS[arm]),
-                     **arm_summary(records, part["non_embedding_parameters"], part["matmul_peak_flops_per_s"],
-                                   any(o.startswith("policy.lora_rank=") for o in ARMS[arm]), part["eval_episodes"])}
+        arms[arm] = {
+            "overrides": list(ARMS[arm]),
+            **arm_summary(
+                records,
+                part["non_embedding_parameters"],
+                part["matmul_peak_flops_per_s"],
+                any(o.startswith("policy.lora_rank=") for o in ARMS[arm]),
+                part["eval_episodes"],
+            ),
+        }
     add_speedups(arms, part["arm_order"][0])
-    return {**part, "warm_start": warm, "warm_start_speedup_bf16": warm["fp32"]["seconds"] / warm["bf16"]["seconds"],
-            "arms": arms}
+    return {
+        **part,
+        "warm_start": warm,
+        "warm_start_speedup_bf16": warm["fp32"]["seconds"] / warm["bf16"]["seconds"],
+        "arms": arms,
+    }
 
 
 if __name__ == "__main__":

@@ -17,17 +17,17 @@ import argparse
 import time
 from pathlib import Path
 
+from agent_rl.benchmarks.common import write_result
+from agent_rl.training.infra.resolution import resolve
+from agent_rl.training.loop.evaluation import eval_seeds, evaluate
+from agent_rl.training.loop.rollout import Episode, PlayStats, PolicyActor, sampling_params
+from agent_rl.training.models.policy import load_policy
+from agent_rl.training.models.prompts import PromptFormat
+from agent_rl.training.serving.engines import engine_from_config
+from agent_rl.training.serving.envpool import env_factory
 from rich.console import Console
 
 from agent_rl.config import load_config
-from agent_rl.benchmarks.common import write_result
-from agent_rl.training.serving.engines import engine_from_config
-from agent_rl.training.serving.envpool import env_factory
-from agent_rl.training.loop.evaluation import eval_seeds, evaluate
-from agent_rl.training.models.policy import load_policy
-from agent_rl.training.models.prompts import PromptFormat
-from agent_rl.training.infra.resolution import resolve
-from agent_rl.training.loop.rollout import Episode, PlayStats, PolicyActor, sampling_params
 
 SMALL_MAZE = "{n_rooms: 2, n_locked_doors: 0, dead_ends: 0, extra_edges: 0, n_distractors: 0, max_steps: 10}"
 MAIN_JOB_MAZE = "{n_rooms: 4, n_locked_doors: 1, dead_ends: 1, extra_edges: 0, n_distractors: 0, max_steps: 20}"
@@ -48,9 +48,17 @@ REPORTED = ("success_rate", "invalid_action_rate", "mean_return", "mean_length")
 def cell_config(env: str, parser: str, policy: str, engine: str, episodes: int, max_turns: int, max_new_tokens: int):
     env_id, kwargs = ENVS[env]
     overrides = [
-        f"env.id={env_id}", f"env.kwargs={kwargs}", f"policy={policy}", f"engine={engine}", f"rollout.parser={parser}",
-        f"rollout.max_turns={max_turns}", f"rollout.max_new_tokens={max_new_tokens}", "rollout.history_turns=1",
-        "rollout.max_admissible_actions=12", "rollout.max_prompt_tokens=768", f"trainer.eval_episodes={episodes}",
+        f"env.id={env_id}",
+        f"env.kwargs={kwargs}",
+        f"policy={policy}",
+        f"engine={engine}",
+        f"rollout.parser={parser}",
+        f"rollout.max_turns={max_turns}",
+        f"rollout.max_new_tokens={max_new_tokens}",
+        "rollout.history_turns=1",
+        "rollout.max_admissible_actions=12",
+        "rollout.max_prompt_tokens=768",
+        f"trainer.eval_episodes={episodes}",
     ]
     config = load_config(None, overrides)
     make_env = env_factory(config)
@@ -66,11 +74,21 @@ def first_replies(engine, tokenizer, make_env, config, n: int) -> list[dict]:
         observation, info = env.reset(seed=seed)
         env.close()
         episodes.append(Episode(slot, seed, slot, task=str(info.get("task", "")), observation=observation, info=info))
-    actor = PolicyActor(engine, tokenizer, PromptFormat.from_rollout(config.rollout),
-                        sampling_params(config.rollout, greedy=True), PlayStats())
+    actor = PolicyActor(
+        engine,
+        tokenizer,
+        PromptFormat.from_rollout(config.rollout),
+        sampling_params(config.rollout, greedy=True),
+        PlayStats(),
+    )
     return [
-        {"observation": e.observation, "admissible": e.admissible_actions, "action": move.action, "named": move.parsed,
-         "reply": tokenizer.decode(move.response_ids, skip_special_tokens=True)}
+        {
+            "observation": e.observation,
+            "admissible": e.admissible_actions,
+            "action": move.action,
+            "named": move.parsed,
+            "reply": tokenizer.decode(move.response_ids, skip_special_tokens=True),
+        }
         for e, move in zip(episodes, actor.act(episodes))
     ]
 
@@ -93,21 +111,31 @@ def main(argv: list[str] | None = None) -> Path:
     model, tokenizer = load_policy(first.policy.name_or_path)
     engine = engine_from_config(first, model, tokenizer)
     result: dict = {
-        "policy": args.policy, "engine": first.engine.kind, "episodes": episodes, "max_turns": max_turns,
-        "max_new_tokens": args.max_new_tokens, "cells": [],
+        "policy": args.policy,
+        "engine": first.engine.kind,
+        "episodes": episodes,
+        "max_turns": max_turns,
+        "max_new_tokens": args.max_new_tokens,
+        "cells": [],
     }
     try:
         for env, action_parser in cells:
-            config, make_env = cell_config(env, action_parser, args.policy, args.engine, episodes, max_turns, args.max_new_tokens)
+            config, make_env = cell_config(
+                env, action_parser, args.policy, args.engine, episodes, max_turns, args.max_new_tokens
+            )
             cell: dict = {"env": env, "env_id": config.env.id, "env_kwargs": config.env.kwargs, "parser": action_parser}
             start = time.perf_counter()
             for mode in ("greedy", "sampled"):
-                stats = evaluate(make_env, engine, tokenizer, eval_seeds(episodes), greedy=mode == "greedy", config=config.rollout)
+                stats = evaluate(
+                    make_env, engine, tokenizer, eval_seeds(episodes), greedy=mode == "greedy", config=config.rollout
+                )
                 cell[mode] = {key: stats[key] for key in REPORTED}
             cell["first_greedy_replies"] = first_replies(engine, tokenizer, make_env, config, min(3, episodes))
             cell["seconds"] = time.perf_counter() - start
             result["cells"].append(cell)
-            console.print(f"{env} / {action_parser}: greedy {cell['greedy']}, sampled {cell['sampled']} ({cell['seconds']:.0f} s)")
+            console.print(
+                f"{env} / {action_parser}: greedy {cell['greedy']}, sampled {cell['sampled']} ({cell['seconds']:.0f} s)"
+            )
     finally:
         engine.close()
     path = write_result("smollm2_zero_shot", result, args.out)

@@ -25,18 +25,29 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from agent_rl.benchmarks.common import RESULTS_DIR, write_result
+from agent_rl.benchmarks.paired_stats import student_t_quantile
+from agent_rl.training.loop.trainer import train
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agent_rl.config import DEFAULT_RECIPE, load_config
-from agent_rl.benchmarks.common import RESULTS_DIR, write_result
-from agent_rl.benchmarks.paired_stats import student_t_quantile
-from agent_rl.training.loop.trainer import train
 
 SOAK_OVERRIDES = [
-    "rollout.n_groups=2", "rollout.group_size=2", "rollout.max_turns=10", "rollout.min_batch_rows=0", "optim.minibatch_size=4",
-    "sft.steps=50", "sft.episodes=50", "trainer.eval_every=25", "trainer.eval_episodes=8", "trainer.eval_sampled=false",
-    "trainer.confirm_episodes=0", "trainer.target_success=null", "trainer.save_every=1", "logging.console=false",
+    "rollout.n_groups=2",
+    "rollout.group_size=2",
+    "rollout.max_turns=10",
+    "rollout.min_batch_rows=0",
+    "optim.minibatch_size=4",
+    "sft.steps=50",
+    "sft.episodes=50",
+    "trainer.eval_every=25",
+    "trainer.eval_episodes=8",
+    "trainer.eval_sampled=false",
+    "trainer.confirm_episodes=0",
+    "trainer.target_success=null",
+    "trainer.save_every=1",
+    "logging.console=false",
 ]
 """The main job shrunk to seconds per iteration; it never stops early and saves at every iteration."""
 
@@ -114,13 +125,20 @@ def verdict(name: str, values: np.ndarray, growth: dict[str, float]) -> bool:
 
 
 def soak(iterations: int, settle: int, overrides: list[str], run_dir: Path, console: Console) -> dict[str, Any]:
-    config = load_config(DEFAULT_RECIPE, [*SOAK_OVERRIDES, f"trainer.iterations={iterations}",
-                                          f"trainer.run_dir={run_dir}", *overrides])
+    config = load_config(
+        DEFAULT_RECIPE, [*SOAK_OVERRIDES, f"trainer.iterations={iterations}", f"trainer.run_dir={run_dir}", *overrides]
+    )
     columns = ("iteration", *SERIES, "elapsed_s")
     # Preallocated: the record itself must not add a Python object per iteration.
     table = np.full((iterations + 1, len(columns)), np.nan)
-    with Progress(TextColumn("[bold blue]soak"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[rss]}"), console=console) as progress:
+    with Progress(
+        TextColumn("[bold blue]soak"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[rss]}"),
+        console=console,
+    ) as progress:
         task = progress.add_task("soak", total=iterations + 1, rss="")
 
         def record(iteration: int, metrics: dict[str, float]) -> None:
@@ -135,9 +153,14 @@ def soak(iterations: int, settle: int, overrides: list[str], run_dir: Path, cons
     growth = {name: growth_per_100(iteration[settled], table[settled, columns.index(name)]) for name in SERIES}
     flat = {name: verdict(name, table[settled, columns.index(name)], growth[name]) for name in SERIES}
     return {
-        "iterations": iterations, "settle": settle, "overrides": [*SOAK_OVERRIDES, *overrides],
-        "engine": config.engine.kind, "summary": summary,
-        "growth_per_100_iterations": growth, "flat": flat, "all_flat": all(flat.values()),
+        "iterations": iterations,
+        "settle": settle,
+        "overrides": [*SOAK_OVERRIDES, *overrides],
+        "engine": config.engine.kind,
+        "summary": summary,
+        "growth_per_100_iterations": growth,
+        "flat": flat,
+        "all_flat": all(flat.values()),
         "samples": [dict(zip(columns, np.round(row, 3).tolist())) for row in table],
     }
 
@@ -145,8 +168,12 @@ def soak(iterations: int, settle: int, overrides: list[str], run_dir: Path, cons
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=200)
-    parser.add_argument("--settle", type=int, default=80,
-                        help="iterations left out of the fit: the engine's caches fill over the first 60 or so")
+    parser.add_argument(
+        "--settle",
+        type=int,
+        default=80,
+        help="iterations left out of the fit: the engine's caches fill over the first 60 or so",
+    )
     parser.add_argument("--quick", action="store_true", help="8 iterations, settle 2 (checks the code path)")
     parser.add_argument("--set", dest="overrides", nargs="*", default=[], metavar="key=value", help="config overrides")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "soak", help="result directory")
@@ -159,8 +186,10 @@ def main(argv: list[str] | None = None) -> int:
         result = soak(iterations, settle, args.overrides, Path(run_dir), console)
     path = write_result("soak_quick" if args.quick else "soak", result, args.out)
     for name, growth in result["growth_per_100_iterations"].items():
-        console.print(f"{name:>16}: {growth['per_100']:+10.3f} per 100 iterations [{growth['low']:+.3f}, "
-                      f"{growth['high']:+.3f}], mean {growth['mean']:.1f}  {'flat' if result['flat'][name] else 'GROWS'}")
+        console.print(
+            f"{name:>16}: {growth['per_100']:+10.3f} per 100 iterations [{growth['low']:+.3f}, "
+            f"{growth['high']:+.3f}], mean {growth['mean']:.1f}  {'flat' if result['flat'][name] else 'GROWS'}"
+        )
     console.print(f"wrote {path}")
     return 0 if result["all_flat"] else 1
 

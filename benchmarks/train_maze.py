@@ -27,25 +27,34 @@ PHASES = ("rollout", "advantage", "update", "sync", "eval")
 
 def rollout_success_curve(records: list[dict]) -> list[dict[str, float]]:
     """Success of each iteration's sampled training rollouts (greedy evaluation is ``eval_curve``)."""
-    return [{"iteration": r["iteration"], "sampled_success": r["rollout/success_rate"]}
-            for r in records if r.get("rollout/success_rate") is not None]
+    return [
+        {"iteration": r["iteration"], "sampled_success": r["rollout/success_rate"]}
+        for r in records
+        if r.get("rollout/success_rate") is not None
+    ]
 
 
 def eval_curve(records: list[dict]) -> list[dict[str, float | None]]:
     """Each evaluation's greedy success, and the confirmation's with its episode count where one ran
     (``None`` otherwise)."""
     return [
-        {"iteration": r["iteration"], "greedy_success": r["eval/greedy_success"],
-         "confirm_greedy_success": r.get("eval/confirm_greedy_success"),
-         "confirm_greedy_episodes": r.get("eval/confirm_greedy_episodes"), "elapsed_s": r["time/elapsed"]}
-        for r in records if r.get("eval/greedy_success") is not None
+        {
+            "iteration": r["iteration"],
+            "greedy_success": r["eval/greedy_success"],
+            "confirm_greedy_success": r.get("eval/confirm_greedy_success"),
+            "confirm_greedy_episodes": r.get("eval/confirm_greedy_episodes"),
+            "elapsed_s": r["time/elapsed"],
+        }
+        for r in records
+        if r.get("eval/greedy_success") is not None
     ]
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
-    from agent_rl.config import config_to_dict, load_default_config
     from agent_rl.training.infra.logger import read_metrics
     from agent_rl.training.loop.trainer import train
+
+    from agent_rl.config import config_to_dict, load_default_config
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--name", default="train_maze", help="result file under benchmarks/results/, without .json")
@@ -55,7 +64,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     config = load_default_config([f"trainer.run_dir={run_dir}", *args.overrides])
     target = config.trainer.target_success
     if target is None:
-        raise SystemExit("agent_rl.benchmarks.train_maze measures the time to trainer.target_success; it must not be null")
+        raise SystemExit(
+            "agent_rl.benchmarks.train_maze measures the time to trainer.target_success; it must not be null"
+        )
     machine_at_start = machine_info()  # the load average before training started
     start = time.perf_counter()
     summary = train(config)
@@ -86,7 +97,12 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "run_dir": str(run_dir),
     }
     write_result(Path(args.name).name, result, RESULTS_DIR / Path(args.name).parent)
-    print(json.dumps({k: result[k] for k in ("reached_target", "wall_time_to_target_s", "total_wall_s", "best_greedy_success")}, indent=2))
+    print(
+        json.dumps(
+            {k: result[k] for k in ("reached_target", "wall_time_to_target_s", "total_wall_s", "best_greedy_success")},
+            indent=2,
+        )
+    )
     return result
 
 

@@ -17,18 +17,58 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import gymnasium as gym
-from gymnasium.utils.env_checker import check_env
-
 from agent_rl.envs.base import normalize_action
 from agent_rl.envs.oracle import oracle_actions
+from gymnasium.utils.env_checker import check_env
 
 HOSTILE_ACTIONS: tuple[Any, ...] = (
-    "", " ", "\t \t", "\n", "\x00", "\x1b[2J", "\x7f", "look\nquit", "quit\nlook", "\r\n\r\n",
-    "x" * 100_000, "go " * 40_000,
-    "🙂🙂🙂", "走 北", "去北边", "שלום עולם", "\u202edlrow olleh", "ñøřţħ", "\ufeff\u200b",
-    "quit", "restart", "save", "load", "undo", "restore", "script", "unscript", "verbose", "brief",
-    "#", "# comment", "/quit", "*", ";", "*save", "$", "!", "\\", "%s%s%s", "{}", "]]",
-    None, 123, 4.5, b"look", ["look"], {"action": "look"},
+    "",
+    " ",
+    "\t \t",
+    "\n",
+    "\x00",
+    "\x1b[2J",
+    "\x7f",
+    "look\nquit",
+    "quit\nlook",
+    "\r\n\r\n",
+    "x" * 100_000,
+    "go " * 40_000,
+    "🙂🙂🙂",
+    "走 北",
+    "去北边",
+    "שלום עולם",
+    "\u202edlrow olleh",
+    "ñøřţħ",
+    "\ufeff\u200b",
+    "quit",
+    "restart",
+    "save",
+    "load",
+    "undo",
+    "restore",
+    "script",
+    "unscript",
+    "verbose",
+    "brief",
+    "#",
+    "# comment",
+    "/quit",
+    "*",
+    ";",
+    "*save",
+    "$",
+    "!",
+    "\\",
+    "%s%s%s",
+    "{}",
+    "]]",
+    None,
+    123,
+    4.5,
+    b"look",
+    ["look"],
+    {"action": "look"},
 )
 """Actions no environment may crash or hang on. None of them is a valid game command."""
 
@@ -167,7 +207,9 @@ def _check_transition(
     truncated: Any = False,
 ) -> None:
     if not isinstance(observation, str) or observation not in env.observation_space:
-        raise TextEnvCheckError("info_contract", f"{where}: observation {observation!r:.200} is not in the observation space")
+        raise TextEnvCheckError(
+            "info_contract", f"{where}: observation {observation!r:.200} is not in the observation space"
+        )
     if not isinstance(info, dict):
         raise TextEnvCheckError("info_contract", f"{where}: info is {type(info).__name__}, not dict")
     for key, types in INFO_TYPES.items():
@@ -224,7 +266,11 @@ def _fuzz(env: gym.Env, seed: int, time_limit: float, report: CheckReport) -> No
         if elapsed > time_limit:
             raise TextEnvCheckError("fuzz", f"{where}: step took {elapsed:.3f} s (limit {time_limit:g} s)")
         _check_transition(env, where, observation, info, reward, terminated, truncated)
-        if admissible_before is not None and normalize_action(action) not in admissible_before and info.get("action_valid", True):
+        if (
+            admissible_before is not None
+            and normalize_action(action) not in admissible_before
+            and info.get("action_valid", True)
+        ):
             raise TextEnvCheckError("fuzz", f"{where}: not an admissible action, yet info['action_valid'] is True")
         if terminated or truncated:
             observation, info = env.reset(seed=seed)

@@ -7,11 +7,16 @@ from typing import Any
 
 import gymnasium as gym
 import yaml
+from agent_rl.envs.registration import (
+    EnvUnavailableError,
+    import_modules,
+    registry_id,
+    text_env_specs,
+    unavailable_envs,
+)
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-
-from agent_rl.envs.registration import EnvUnavailableError, import_modules, registry_id, text_env_specs, unavailable_envs
 
 QUIT_COMMAND = ":quit"
 
@@ -73,7 +78,11 @@ def play(
     reason = left_out.get(registered) or left_out.get(registered.split("/")[0] + "/*")
     if registered not in gym.registry or reason:
         known = ", ".join(text_env_specs())
-        message = f"{env_id} is not available here: {reason}" if reason else f"unknown text environment {env_id!r}; registered: {known}"
+        message = (
+            f"{env_id} is not available here: {reason}"
+            if reason
+            else f"unknown text environment {env_id!r}; registered: {known}"
+        )
         errors.print(message, style="red", markup=False)
         return 2
     try:

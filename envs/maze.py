@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import networkx as nx
-
 from agent_rl.envs.base import TextEnv, Transition
 
 DIRECTIONS = ("north", "east", "south", "west")
@@ -24,20 +23,80 @@ OPPOSITE = {"north": "south", "south": "north", "east": "west", "west": "east"}
 DIRECTION_ALIASES = {**{d: d for d in DIRECTIONS}, "n": "north", "e": "east", "s": "south", "w": "west"}
 
 ADJECTIVES = (
-    "dusty", "damp", "bright", "narrow", "silent", "cold", "warm", "crooked", "tiled", "painted",
-    "musty", "vaulted", "sunken", "drafty", "cluttered", "empty", "mossy", "gilded", "smoky", "quiet",
+    "dusty",
+    "damp",
+    "bright",
+    "narrow",
+    "silent",
+    "cold",
+    "warm",
+    "crooked",
+    "tiled",
+    "painted",
+    "musty",
+    "vaulted",
+    "sunken",
+    "drafty",
+    "cluttered",
+    "empty",
+    "mossy",
+    "gilded",
+    "smoky",
+    "quiet",
 )
 ROOM_NOUNS = (
-    "kitchen", "library", "cellar", "hallway", "pantry", "study", "gallery", "chapel", "workshop", "attic",
-    "armory", "bedroom", "parlor", "greenhouse", "vault", "scullery", "nursery", "ballroom", "tower", "crypt",
+    "kitchen",
+    "library",
+    "cellar",
+    "hallway",
+    "pantry",
+    "study",
+    "gallery",
+    "chapel",
+    "workshop",
+    "attic",
+    "armory",
+    "bedroom",
+    "parlor",
+    "greenhouse",
+    "vault",
+    "scullery",
+    "nursery",
+    "ballroom",
+    "tower",
+    "crypt",
 )
 KEY_NAMES = (
-    "brass key", "iron key", "silver key", "copper key", "bone key", "glass key", "jade key", "amber key",
-    "steel key", "oak key", "crystal key", "rusty key", "ivory key", "onyx key", "pewter key", "tin key",
+    "brass key",
+    "iron key",
+    "silver key",
+    "copper key",
+    "bone key",
+    "glass key",
+    "jade key",
+    "amber key",
+    "steel key",
+    "oak key",
+    "crystal key",
+    "rusty key",
+    "ivory key",
+    "onyx key",
+    "pewter key",
+    "tin key",
 )
 DISTRACTOR_NAMES = (
-    "old lamp", "torn map", "wooden spoon", "tin cup", "feather", "pebble", "candle", "coil of rope",
-    "chipped plate", "faded letter", "broken clock", "leather boot",
+    "old lamp",
+    "torn map",
+    "wooden spoon",
+    "tin cup",
+    "feather",
+    "pebble",
+    "candle",
+    "coil of rope",
+    "chipped plate",
+    "faded letter",
+    "broken clock",
+    "leather boot",
 )
 GOAL_NAMES = ("golden chalice", "ancient idol", "jeweled crown", "silver harp", "crystal orb", "emerald ring")
 
@@ -47,9 +106,7 @@ HELD = -1
 ORACLES = ("shortest", "explore")
 """What ``MazeEnv.oracle()`` can plan (see its ``oracle`` argument)."""
 
-GRAMMAR = (
-    "go <north|east|south|west>, take <item>, drop <item>, unlock <direction> door with <key>, look, inventory"
-)
+GRAMMAR = "go <north|east|south|west>, take <item>, drop <item>, unlock <direction> door with <key>, look, inventory"
 
 
 @dataclass(frozen=True)
@@ -115,7 +172,9 @@ def generate_world(
     # Dead ends: one-exit side rooms hanging off the core, never joined by loops (once the core is
     # walled in by them, they hang off each other and form side branches).
     while len(pos) < n_rooms:
-        open_rooms = [r for r in range(n_core) if free_directions(r)] or [r for r in range(len(pos)) if free_directions(r)]
+        open_rooms = [r for r in range(n_core) if free_directions(r)] or [
+            r for r in range(len(pos)) if free_directions(r)
+        ]
         parent = rng.choice(open_rooms)
         add_room(parent, rng.choice(free_directions(parent)))
 
@@ -241,7 +300,8 @@ class MazeEnv(TextEnv):
             raise ValueError(f"oracle must be one of {ORACLES}, got {oracle!r}")
         if oracle == "explore" and extra_edges:
             raise ValueError(
-                f"oracle='explore' follows walls, which can circle a loop forever; it needs extra_edges=0, got {extra_edges}"
+                "oracle='explore' follows walls, which can circle a loop forever; it needs extra_edges=0, got "
+                f"{extra_edges}"
             )
         if max_steps is None:
             max_steps = (2 * n_locked_doors + 1) * n_rooms + 10
@@ -357,7 +417,9 @@ class MazeEnv(TextEnv):
             if door < 0:
                 exits.append(direction)
             else:
-                exits.append(f"{direction} (unlocked door)" if self._unlocked >> door & 1 else f"{direction} (locked door)")
+                exits.append(
+                    f"{direction} (unlocked door)" if self._unlocked >> door & 1 else f"{direction} (locked door)"
+                )
         here = sorted(world.item_names[i] for i, room in enumerate(self._items) if room == self._room)
         held = sorted(world.item_names[i] for i, room in enumerate(self._items) if room == HELD)
         lines = [message] if message else []
@@ -434,7 +496,9 @@ class MazeEnv(TextEnv):
         tree that visits every reachable room, so it always wins."""
         admissible = self._state_facts()[0]
         goal = f"take {self.world.item_names[self.world.goal_item]}"
-        takes = [a for a in admissible if a == goal] + [a for a in admissible if a.startswith("take ") and a.endswith(" key")]
+        takes = [a for a in admissible if a == goal] + [
+            a for a in admissible if a.startswith("take ") and a.endswith(" key")
+        ]
         unlocks = [a for a in admissible if a.startswith("unlock ")]
         if takes or unlocks:
             return (takes + unlocks)[0]

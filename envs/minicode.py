@@ -14,7 +14,6 @@ from math import factorial
 from typing import Any, Callable
 
 import numpy as np
-
 from agent_rl.envs.base import TextEnv, Transition
 from agent_rl.envs.minicode_lang import REFERENCE, MiniCodeError, compile_program, run
 
@@ -47,56 +46,196 @@ def _fibonacci(n: int) -> int:
 
 
 TEMPLATES: tuple[TaskTemplate, ...] = (
-    TaskTemplate("linear", 1, ("x",), (-50, 50), {"m": (2, 9), "c": (-20, 20)},
-                 "Return {m}*x + {c}.", "x {m} mul {c} add", lambda k, v: k["m"] * v[0] + k["c"]),
-    TaskTemplate("square_minus", 1, ("x",), (-30, 30), {"c": (1, 50)},
-                 "Return x*x - {c}.", "x dup mul {c} sub", lambda k, v: v[0] * v[0] - k["c"]),
-    TaskTemplate("weighted_sum", 1, ("a", "b"), (-40, 40), {"p": (2, 7), "q": (2, 7)},
-                 "Return {p}*a + {q}*b.", "a {p} mul b {q} mul add", lambda k, v: k["p"] * v[0] + k["q"] * v[1]),
-    TaskTemplate("scaled_difference", 1, ("a", "b"), (-40, 40), {"c": (2, 9)},
-                 "Return (a - b) * {c}.", "a b sub {c} mul", lambda k, v: (v[0] - v[1]) * k["c"]),
-    TaskTemplate("floor_division", 1, ("x",), (-100, 100), {"c": (2, 9)},
-                 "Return x divided by {c}, rounded toward minus infinity.", "x {c} div", lambda k, v: v[0] // k["c"]),
-    TaskTemplate("cube_plus", 1, ("x", "a"), (-12, 12), {},
-                 "Return x*x*x + a.", "x dup dup mul mul a add", lambda k, v: v[0] ** 3 + v[1]),
-    TaskTemplate("maximum", 2, ("a", "b"), (-60, 60), {},
-                 "Return the larger of a and b.", "a b over over gt if drop else swap drop then",
-                 lambda k, v: max(v)),
-    TaskTemplate("minimum", 2, ("a", "b"), (-60, 60), {},
-                 "Return the smaller of a and b.", "a b over over lt if drop else swap drop then",
-                 lambda k, v: min(v)),
-    TaskTemplate("absolute", 2, ("x",), (-90, 90), {},
-                 "Return the absolute value of x.", "x dup 0 lt if neg then", lambda k, v: abs(v[0])),
-    TaskTemplate("divisible", 2, ("x",), (-60, 60), {"c": (2, 7)},
-                 "Return 1 if x is divisible by {c}, else 0.", "x {c} mod 0 eq if 1 else 0 then",
-                 lambda k, v: int(v[0] % k["c"] == 0)),
-    TaskTemplate("sign", 2, ("x",), (-9, 9), {},
-                 "Return the sign of x: -1, 0 or 1.", "x 0 gt if 1 else x 0 lt if -1 else 0 then then",
-                 lambda k, v: (v[0] > 0) - (v[0] < 0)),
-    TaskTemplate("clamp", 2, ("x",), (-40, 40), {"lo": (-20, -1), "hi": (1, 20)},
-                 "Return x clamped to the range [{lo}, {hi}].",
-                 "x dup {lo} lt if drop {lo} else dup {hi} gt if drop {hi} then then",
-                 lambda k, v: min(max(v[0], k["lo"]), k["hi"])),
-    TaskTemplate("distance", 2, ("a", "b"), (-50, 50), {},
-                 "Return |a - b|, the distance between a and b.", "a b sub dup 0 lt if neg then",
-                 lambda k, v: abs(v[0] - v[1])),
-    TaskTemplate("triangular", 3, ("x",), (0, 30), {},
-                 "Return 1 + 2 + ... + x (0 when x is 0).", "0 x times i 1 add add end",
-                 lambda k, v: v[0] * (v[0] + 1) // 2),
-    TaskTemplate("power", 3, ("x",), (-6, 6), {"c": (2, 5)},
-                 "Return x to the power {c}.", "1 {c} times x mul end", lambda k, v: v[0] ** k["c"]),
-    TaskTemplate("factorial", 3, ("x",), (0, 12), {},
-                 "Return x! (the factorial of x; 0! is 1).", "1 x times i 1 add mul end",
-                 lambda k, v: factorial(v[0])),
-    TaskTemplate("sum_of_squares", 3, ("x",), (0, 20), {},
-                 "Return 1*1 + 2*2 + ... + x*x (0 when x is 0).", "0 x times i 1 add dup mul add end",
-                 lambda k, v: v[0] * (v[0] + 1) * (2 * v[0] + 1) // 6),
-    TaskTemplate("count_multiples", 3, ("x",), (0, 40), {"c": (2, 6)},
-                 "Return how many of the numbers 1, 2, ..., x are divisible by {c}.",
-                 "0 x times i 1 add {c} mod 0 eq if 1 add then end", lambda k, v: v[0] // k["c"]),
-    TaskTemplate("fibonacci", 3, ("x",), (0, 25), {},
-                 "Return the x-th Fibonacci number (fib(0) = 0, fib(1) = 1, fib(n) = fib(n-1) + fib(n-2)).",
-                 "0 1 x times swap over add end drop", lambda k, v: _fibonacci(v[0])),
+    TaskTemplate(
+        "linear",
+        1,
+        ("x",),
+        (-50, 50),
+        {"m": (2, 9), "c": (-20, 20)},
+        "Return {m}*x + {c}.",
+        "x {m} mul {c} add",
+        lambda k, v: k["m"] * v[0] + k["c"],
+    ),
+    TaskTemplate(
+        "square_minus",
+        1,
+        ("x",),
+        (-30, 30),
+        {"c": (1, 50)},
+        "Return x*x - {c}.",
+        "x dup mul {c} sub",
+        lambda k, v: v[0] * v[0] - k["c"],
+    ),
+    TaskTemplate(
+        "weighted_sum",
+        1,
+        ("a", "b"),
+        (-40, 40),
+        {"p": (2, 7), "q": (2, 7)},
+        "Return {p}*a + {q}*b.",
+        "a {p} mul b {q} mul add",
+        lambda k, v: k["p"] * v[0] + k["q"] * v[1],
+    ),
+    TaskTemplate(
+        "scaled_difference",
+        1,
+        ("a", "b"),
+        (-40, 40),
+        {"c": (2, 9)},
+        "Return (a - b) * {c}.",
+        "a b sub {c} mul",
+        lambda k, v: (v[0] - v[1]) * k["c"],
+    ),
+    TaskTemplate(
+        "floor_division",
+        1,
+        ("x",),
+        (-100, 100),
+        {"c": (2, 9)},
+        "Return x divided by {c}, rounded toward minus infinity.",
+        "x {c} div",
+        lambda k, v: v[0] // k["c"],
+    ),
+    TaskTemplate(
+        "cube_plus",
+        1,
+        ("x", "a"),
+        (-12, 12),
+        {},
+        "Return x*x*x + a.",
+        "x dup dup mul mul a add",
+        lambda k, v: v[0] ** 3 + v[1],
+    ),
+    TaskTemplate(
+        "maximum",
+        2,
+        ("a", "b"),
+        (-60, 60),
+        {},
+        "Return the larger of a and b.",
+        "a b over over gt if drop else swap drop then",
+        lambda k, v: max(v),
+    ),
+    TaskTemplate(
+        "minimum",
+        2,
+        ("a", "b"),
+        (-60, 60),
+        {},
+        "Return the smaller of a and b.",
+        "a b over over lt if drop else swap drop then",
+        lambda k, v: min(v),
+    ),
+    TaskTemplate(
+        "absolute",
+        2,
+        ("x",),
+        (-90, 90),
+        {},
+        "Return the absolute value of x.",
+        "x dup 0 lt if neg then",
+        lambda k, v: abs(v[0]),
+    ),
+    TaskTemplate(
+        "divisible",
+        2,
+        ("x",),
+        (-60, 60),
+        {"c": (2, 7)},
+        "Return 1 if x is divisible by {c}, else 0.",
+        "x {c} mod 0 eq if 1 else 0 then",
+        lambda k, v: int(v[0] % k["c"] == 0),
+    ),
+    TaskTemplate(
+        "sign",
+        2,
+        ("x",),
+        (-9, 9),
+        {},
+        "Return the sign of x: -1, 0 or 1.",
+        "x 0 gt if 1 else x 0 lt if -1 else 0 then then",
+        lambda k, v: (v[0] > 0) - (v[0] < 0),
+    ),
+    TaskTemplate(
+        "clamp",
+        2,
+        ("x",),
+        (-40, 40),
+        {"lo": (-20, -1), "hi": (1, 20)},
+        "Return x clamped to the range [{lo}, {hi}].",
+        "x dup {lo} lt if drop {lo} else dup {hi} gt if drop {hi} then then",
+        lambda k, v: min(max(v[0], k["lo"]), k["hi"]),
+    ),
+    TaskTemplate(
+        "distance",
+        2,
+        ("a", "b"),
+        (-50, 50),
+        {},
+        "Return |a - b|, the distance between a and b.",
+        "a b sub dup 0 lt if neg then",
+        lambda k, v: abs(v[0] - v[1]),
+    ),
+    TaskTemplate(
+        "triangular",
+        3,
+        ("x",),
+        (0, 30),
+        {},
+        "Return 1 + 2 + ... + x (0 when x is 0).",
+        "0 x times i 1 add add end",
+        lambda k, v: v[0] * (v[0] + 1) // 2,
+    ),
+    TaskTemplate(
+        "power",
+        3,
+        ("x",),
+        (-6, 6),
+        {"c": (2, 5)},
+        "Return x to the power {c}.",
+        "1 {c} times x mul end",
+        lambda k, v: v[0] ** k["c"],
+    ),
+    TaskTemplate(
+        "factorial",
+        3,
+        ("x",),
+        (0, 12),
+        {},
+        "Return x! (the factorial of x; 0! is 1).",
+        "1 x times i 1 add mul end",
+        lambda k, v: factorial(v[0]),
+    ),
+    TaskTemplate(
+        "sum_of_squares",
+        3,
+        ("x",),
+        (0, 20),
+        {},
+        "Return 1*1 + 2*2 + ... + x*x (0 when x is 0).",
+        "0 x times i 1 add dup mul add end",
+        lambda k, v: v[0] * (v[0] + 1) * (2 * v[0] + 1) // 6,
+    ),
+    TaskTemplate(
+        "count_multiples",
+        3,
+        ("x",),
+        (0, 40),
+        {"c": (2, 6)},
+        "Return how many of the numbers 1, 2, ..., x are divisible by {c}.",
+        "0 x times i 1 add {c} mod 0 eq if 1 add then end",
+        lambda k, v: v[0] // k["c"],
+    ),
+    TaskTemplate(
+        "fibonacci",
+        3,
+        ("x",),
+        (0, 25),
+        {},
+        "Return the x-th Fibonacci number (fib(0) = 0, fib(1) = 1, fib(n) = fib(n-1) + fib(n-2)).",
+        "0 1 x times swap over add end drop",
+        lambda k, v: _fibonacci(v[0]),
+    ),
 )
 TEMPLATES_BY_NAME = {template.name: template for template in TEMPLATES}
 
@@ -139,7 +278,9 @@ def _show_stack(stack: list[int | bool]) -> str:
 def _result_problem(stack: list[int | bool], expected: int) -> str | None:
     """What is wrong with the final stack of one test run, or None when it holds exactly ``expected``."""
     if len(stack) != 1:
-        return f"failed: the program left {len(stack)} values on the stack {_show_stack(stack)}; expected exactly one int"
+        return (
+            f"failed: the program left {len(stack)} values on the stack {_show_stack(stack)}; expected exactly one int"
+        )
     result = stack[0]
     if type(result) is bool:
         return f"failed: the result is the bool {'true' if result else 'false'}; expected an int"
@@ -284,7 +425,9 @@ class MiniCodeEnv(TextEnv):
     def oracle(self) -> list[str]:
         if self.oracle_kind == "solution":
             return [self._solution]
-        rng = np.random.default_rng(int(blake2b(f"{self._task_key}\n{self._steps}".encode(), digest_size=8).hexdigest(), 16))
+        rng = np.random.default_rng(
+            int(blake2b(f"{self._task_key}\n{self._steps}".encode(), digest_size=8).hexdigest(), 16)
+        )
         attempts_left = self.max_steps - self._steps
         plan: list[str] = []
         while len(plan) < attempts_left and rng.random() < self.draft_rate:

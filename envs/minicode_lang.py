@@ -39,12 +39,38 @@ ARITY = (0, 0, 0, 1, 2, 1, 2, 3, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 2, 2, 1, 2, 2, 1,
 """Stack values each opcode needs."""
 
 SIMPLE_WORDS = {
-    "dup": DUP, "drop": DROP, "swap": SWAP, "over": OVER, "rot": ROT,
-    "add": ADD, "+": ADD, "sub": SUB, "-": SUB, "mul": MUL, "*": MUL, "div": DIV, "/": DIV,
-    "mod": MOD, "%": MOD, "neg": NEG,
-    "eq": EQ, "=": EQ, "ne": NE, "!=": NE, "lt": LT, "<": LT, "le": LE, "<=": LE,
-    "gt": GT, ">": GT, "ge": GE, ">=": GE,
-    "and": AND, "or": OR, "not": NOT, "i": INDEX,
+    "dup": DUP,
+    "drop": DROP,
+    "swap": SWAP,
+    "over": OVER,
+    "rot": ROT,
+    "add": ADD,
+    "+": ADD,
+    "sub": SUB,
+    "-": SUB,
+    "mul": MUL,
+    "*": MUL,
+    "div": DIV,
+    "/": DIV,
+    "mod": MOD,
+    "%": MOD,
+    "neg": NEG,
+    "eq": EQ,
+    "=": EQ,
+    "ne": NE,
+    "!=": NE,
+    "lt": LT,
+    "<": LT,
+    "le": LE,
+    "<=": LE,
+    "gt": GT,
+    ">": GT,
+    "ge": GE,
+    ">=": GE,
+    "and": AND,
+    "or": OR,
+    "not": NOT,
+    "i": INDEX,
 }
 OP_NAMES = {op: word for word, op in reversed(SIMPLE_WORDS.items())}  # the spelled-out name wins
 OP_NAMES.update({IF: "if", TIMES: "times", END: "end", JUMP: "else"})
@@ -92,7 +118,9 @@ def _quote(word: str) -> str:
 def _literal(word: str, col: int) -> int:
     digits = word.lstrip("+-")
     if len(digits.lstrip("0")) > _MAX_LITERAL_DIGITS or abs(int(word)) > INT_LIMIT:
-        raise MiniCodeError("error", col, f"integer literal {_quote(word)} out of range (limit is +-{INT_LIMIT})", len(word))
+        raise MiniCodeError(
+            "error", col, f"integer literal {_quote(word)} out of range (limit is +-{INT_LIMIT})", len(word)
+        )
     return int(word)
 
 
@@ -159,7 +187,9 @@ def _compile(source: str, input_names: tuple[str, ...]) -> Program:
     if open_blocks:
         word, _, col, width = open_blocks[-1]
         opener, closer = ("if", "then") if word in ("if", "else") else ("times", "end")
-        raise MiniCodeError("error", col, f"unterminated '{opener}': expected '{closer}' before the end of the program", width)
+        raise MiniCodeError(
+            "error", col, f"unterminated '{opener}': expected '{closer}' before the end of the program", width
+        )
     if not ops:
         raise MiniCodeError("error", 1, "empty program: expected at least one word")
     return Program(tuple(ops), tuple(args), tuple(cols), tuple(widths), len(source.rstrip()) + 1)
@@ -187,11 +217,17 @@ def run(program: Program, inputs: tuple[int, ...], max_instructions: int = MAX_I
         op = ops[pc]
         executed += 1
         if executed > max_instructions:
-            raise _error(program, pc, "runtime error", f"instruction limit exceeded ({max_instructions} instructions executed)")
+            raise _error(
+                program, pc, "runtime error", f"instruction limit exceeded ({max_instructions} instructions executed)"
+            )
         if len(stack) < ARITY[op]:
             need = ARITY[op]
-            raise _error(program, pc, "runtime error",
-                         f"stack underflow: '{OP_NAMES[op]}' needs {need} value{'s' * (need > 1)}, the stack has {len(stack)}")
+            raise _error(
+                program,
+                pc,
+                "runtime error",
+                f"stack underflow: '{OP_NAMES[op]}' needs {need} value{'s' * (need > 1)}, the stack has {len(stack)}",
+            )
         if op <= OVER:
             if len(stack) >= MAX_STACK:
                 raise _error(program, pc, "runtime error", f"stack overflow (more than {MAX_STACK} values)")
@@ -207,8 +243,12 @@ def run(program: Program, inputs: tuple[int, ...], max_instructions: int = MAX_I
             y = pop()
             x = pop()
             if type(x) is not int or type(y) is not int:
-                raise _error(program, pc, "type error",
-                             f"'{OP_NAMES[op]}' expects int, int but got {_type_name(x)} {_show(x)}, {_type_name(y)} {_show(y)}")
+                raise _error(
+                    program,
+                    pc,
+                    "type error",
+                    f"'{OP_NAMES[op]}' expects int, int but got {_type_name(x)} {_show(x)}, {_type_name(y)} {_show(y)}",
+                )
             if op <= MUL:
                 result = x + y if op == ADD else x - y if op == SUB else x * y
                 if result > INT_LIMIT or result < -INT_LIMIT:
@@ -262,8 +302,12 @@ def run(program: Program, inputs: tuple[int, ...], max_instructions: int = MAX_I
             y = pop()
             x = pop()
             if type(x) is not type(y):
-                raise _error(program, pc, "type error",
-                             f"'{OP_NAMES[op]}' cannot compare {_type_name(x)} {_show(x)} with {_type_name(y)} {_show(y)}")
+                raise _error(
+                    program,
+                    pc,
+                    "type error",
+                    f"'{OP_NAMES[op]}' cannot compare {_type_name(x)} {_show(x)} with {_type_name(y)} {_show(y)}",
+                )
             push((x == y) == (op == EQ))
         elif op == NOT:
             x = pop()
@@ -274,8 +318,12 @@ def run(program: Program, inputs: tuple[int, ...], max_instructions: int = MAX_I
             y = pop()
             x = pop()
             if type(x) is not bool or type(y) is not bool:
-                raise _error(program, pc, "type error",
-                             f"'{OP_NAMES[op]}' expects bool, bool but got {_type_name(x)} {_show(x)}, {_type_name(y)} {_show(y)}")
+                raise _error(
+                    program,
+                    pc,
+                    "type error",
+                    f"'{OP_NAMES[op]}' expects bool, bool but got {_type_name(x)} {_show(x)}, {_type_name(y)} {_show(y)}",
+                )
             push((x and y) if op == AND else (x or y))
         pc += 1
     return stack

@@ -16,9 +16,9 @@ from importlib.metadata import entry_points
 from typing import Any, Callable
 
 import gymnasium as gym
+from agent_rl.envs.base import EnvUnavailableError  # noqa: F401  (raised by the suites' environments, exported here)
 
 from agent_rl.batch import KEY_KINDS
-from agent_rl.envs.base import EnvUnavailableError  # noqa: F401  (raised by the suites' environments, exported here)
 
 NAMESPACE = "agent_rl"
 
@@ -56,7 +56,9 @@ def register_text_env(
     # The TimeLimit/env-checker wrappers are not needed: TextEnv truncates by itself and
     # envs.check_text_env is the stricter checker.
     gym.register(id=id, entry_point=entry_point, kwargs=dict(kwargs), disable_env_checker=True)
-    _TEXT_ENVS[id] = TextEnvSpec(id=id, description=" ".join(description.split()), default_anchor=default_anchor, kwargs=dict(kwargs))
+    _TEXT_ENVS[id] = TextEnvSpec(
+        id=id, description=" ".join(description.split()), default_anchor=default_anchor, kwargs=dict(kwargs)
+    )
 
 
 def register_bundled() -> None:
@@ -144,7 +146,9 @@ def registry_id(env_id: str) -> str:
     return name
 
 
-def make_text_env(env_id: str, env_kwargs: dict[str, Any] | None = None, imports: list[str] | tuple[str, ...] = ()) -> gym.Env:
+def make_text_env(
+    env_id: str, env_kwargs: dict[str, Any] | None = None, imports: list[str] | tuple[str, ...] = ()
+) -> gym.Env:
     """``gymnasium.make(env_id, **env_kwargs)`` after registering the bundled envs, entry-point plugins
     and ``imports`` (``env_id`` may be ``module:ns/Name-vN``)."""
     import_modules(list(imports))

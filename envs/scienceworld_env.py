@@ -32,7 +32,14 @@ from agent_rl.envs.base import EnvUnavailableError, TextEnv, Transition
 
 EVAL_SPLITS = ("dev", "test")
 DEFAULT_TASK = "find-plant"
-SIMPLIFICATIONS = ("easy", "teleportAction", "selfWateringFlowerPots", "openContainers", "openDoors", "noElectricalAction")
+SIMPLIFICATIONS = (
+    "easy",
+    "teleportAction",
+    "selfWateringFlowerPots",
+    "openContainers",
+    "openDoors",
+    "noElectricalAction",
+)
 ELECTRICAL_TASK_MARKERS = ("power-component", "conductivity")
 """Tasks whose names contain these need electrical actions (ScienceWorld refuses noElectricalAction)."""
 JAVA_MISSING = (
@@ -50,11 +57,28 @@ every load names alike."""
 NO_MATCH_REPLIES = ("No known action matches that input.", "Unknown action.")
 AMBIGUOUS_REPLY = "Ambiguous request"
 ALWAYS_SHOWN = ("look around", "inventory", "wait1", "wait")
-HIDDEN_TYPES = ("scienceworld.objects.agent.Agent", "scienceworld.objects.agent.InventoryContainer", "scienceworld.objects.substance.Air")
+HIDDEN_TYPES = (
+    "scienceworld.objects.agent.Agent",
+    "scienceworld.objects.agent.InventoryContainer",
+    "scienceworld.objects.substance.Air",
+)
 """Object types whose actions are never shown: the player itself, its inventory (``move X to
 inventory`` repeats ``pick up X``) and the air."""
 ONE_OBJECT_LOOKS = ("look at ", "look in ")
-VERB_ORDER = ("focus on", "pick up", "open", "close", "activate", "deactivate", "read", "use", "put down", "mix", "eat", "flush")
+VERB_ORDER = (
+    "focus on",
+    "pick up",
+    "open",
+    "close",
+    "activate",
+    "deactivate",
+    "read",
+    "use",
+    "put down",
+    "mix",
+    "eat",
+    "flush",
+)
 """Order of the one-object actions within their tier: the verbs tasks need most come first."""
 HIDDEN_ACTIONS = frozenset({"task", "reset task"})
 """``task`` repeats the task already in every prompt; ``reset task`` is never accepted."""
@@ -71,7 +95,11 @@ def _type_ids(class_names: tuple[str, ...]) -> frozenset[int]:
     """ScienceWorld's numeric ids of these object classes (from the table it ships)."""
     from importlib.resources import files
 
-    table = dict(line.split("\t") for line in files("scienceworld").joinpath("object_type_ids.tsv").read_text().splitlines() if "\t" in line)
+    table = dict(
+        line.split("\t")
+        for line in files("scienceworld").joinpath("object_type_ids.tsv").read_text().splitlines()
+        if "\t" in line
+    )
     return frozenset(int(table[name]) for name in class_names)
 
 
@@ -212,9 +240,16 @@ class ScienceWorldEnv(TextEnv):
         from scienceworld.constants import BASEPATH, JAR_PATH
 
         port, process = launch_gateway(
-            classpath=JAR_PATH, javaopts=list(JAVA_OPTIONS), java_path=find_java(), die_on_exit=True, cwd=BASEPATH, return_proc=True
+            classpath=JAR_PATH,
+            javaopts=list(JAVA_OPTIONS),
+            java_path=find_java(),
+            die_on_exit=True,
+            cwd=BASEPATH,
+            return_proc=True,
         )
-        self._gateway = JavaGateway(gateway_parameters=GatewayParameters(port=port, auto_field=True), java_process=process)
+        self._gateway = JavaGateway(
+            gateway_parameters=GatewayParameters(port=port, auto_field=True), java_process=process
+        )
         self._server = self._gateway.jvm.scienceworld.runtime.pythonapi.PythonInterface()
         if not self.splits:
             self._call("load", self.task_name, 0, self.simplifications, False)
@@ -298,7 +333,13 @@ class ScienceWorldEnv(TextEnv):
         self._valid = dict.fromkeys(entry["action"].lower() for entry in valid)
         self._shown = self._relevant_actions(valid, names, look, inventory)
         state = "\n".join(
-            [self.task_name, str(self.variation), *sorted(_lines(look)), *sorted(_lines(inventory)), ",".join(_SUBGOAL_FLAG.findall(progress))]
+            [
+                self.task_name,
+                str(self.variation),
+                *sorted(_lines(look)),
+                *sorted(_lines(inventory)),
+                ",".join(_SUBGOAL_FLAG.findall(progress)),
+            ]
         )
         self._anchor = blake2b(state.encode(), digest_size=16).hexdigest()
 
@@ -330,7 +371,9 @@ class ScienceWorldEnv(TextEnv):
         before, previous, question = self.anchor(), self._score, self._question
         reply = str(self._call("step", command))
         if reply.startswith(NO_MATCH_REPLIES) and question is None:
-            return Transition(f"'{command}' is not an action ScienceWorld understands here. {reply}", valid=False, error=reply)
+            return Transition(
+                f"'{command}' is not an action ScienceWorld understands here. {reply}", valid=False, error=reply
+            )
         self._question = _question(command, reply)
         if self._question is None:
             self._refresh()  # also after a cancelled question: ScienceWorld counts that as a move
@@ -365,13 +408,13 @@ class ScienceWorldEnv(TextEnv):
         ScienceWorld object type); action strings ScienceWorld lists for more than one object
         combination, and actions on an object whose name several objects in view share (the parser
         would ask which one); actions with characters other than letters, digits and spaces (its
-        parser rejects the book titles in parentheses that it lists). The rest are ordered by tier, then alphabetically: (0) ``look
-        around``, ``inventory``, ``wait1``, ``wait``; (1) moving to a room (``teleport to`` /
-        ``go to``, not to a door); (2) actions on an object whose name shares a word with the task
-        description (stop words removed); (3) actions whose first object is in the inventory; (4)
-        other one-object actions; (5) ``look at`` / ``look in`` an object; (6) other two-object
-        actions. Within a tier, by verb (:data:`VERB_ORDER`: focus on, pick up, open, close,
-        activate, ...), then alphabetically. The first ``max_shown_actions`` are shown.
+        parser rejects the book titles in parentheses that it lists). The rest are ordered by tier,
+        then alphabetically: (0) ``look around``, ``inventory``, ``wait1``, ``wait``; (1) moving to
+        a room (``teleport to`` / ``go to``, not to a door); (2) actions on an object whose name
+        shares a word with the task description (stop words removed); (3) actions whose first
+        object is in the inventory; (4) other one-object actions; (5) ``look at`` / ``look in`` an
+        object; (6) other two-object actions. Within a tier, by verb (:data:`VERB_ORDER`: focus on,
+        pick up, open, close, activate, ...), then alphabetically. The first ``max_shown_actions`` are shown.
 
         While ScienceWorld asks which of several matches an ambiguous action meant, the admissible
         actions are the numbers of its options.
@@ -429,7 +472,9 @@ class ScienceWorldEnv(TextEnv):
         self._refresh()
         self._history = history
         if (self.anchor(), self._score) != (anchor, score):
-            raise RuntimeError(f"replaying {len(history)} commands of variation {self.variation} did not reproduce the state")
+            raise RuntimeError(
+                f"replaying {len(history)} commands of variation {self.variation} did not reproduce the state"
+            )
 
     def _info(self, valid: bool, error: str | None) -> dict[str, Any]:
         info = super()._info(valid, error)

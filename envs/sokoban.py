@@ -23,7 +23,14 @@ MOVES = ("up", "down", "left", "right")
 MOVE_ALIASES = {
     **{m: m for m in MOVES},
     **{f"{verb} {m}": m for verb in ("go", "move", "push", "walk") for m in MOVES},
-    "u": "up", "d": "down", "l": "left", "r": "right", "north": "up", "south": "down", "west": "left", "east": "right",
+    "u": "up",
+    "d": "down",
+    "l": "left",
+    "r": "right",
+    "north": "up",
+    "south": "down",
+    "west": "left",
+    "east": "right",
 }
 SOLVER_MAX_EXPANSIONS = 50_000
 """Bound of the A* search; generation rejects levels it cannot solve within it."""
@@ -236,7 +243,8 @@ class SokobanEnv(TextEnv):
         level_seed = int(self.np_random.integers(2**63))
         self.level = generate_level(level_seed, self.width, self.height, self.n_boxes, self.reverse_steps)
         self._background = [
-            WALL if wall else TARGET if cell in self.level.targets else FLOOR for cell, wall in enumerate(self.level.walls)
+            WALL if wall else TARGET if cell in self.level.targets else FLOOR
+            for cell, wall in enumerate(self.level.walls)
         ]
         self._player, self._boxes = self.level.player, self.level.boxes
         self.task = (
@@ -249,8 +257,10 @@ class SokobanEnv(TextEnv):
     def _apply(self, command: str) -> Transition:
         move = MOVE_ALIASES.get(command)
         if move is None:
-            message = f"Unknown command {command!r}. Use up, down, left or right." if command else (
-                "Please type a command: up, down, left or right."
+            message = (
+                f"Unknown command {command!r}. Use up, down, left or right."
+                if command
+                else ("Please type a command: up, down, left or right.")
             )
             return Transition(self._describe(message), valid=False, error=message)
         offset = self.offsets[move]

@@ -25,7 +25,6 @@ from hashlib import blake2b
 from typing import Any, Callable, Iterator
 
 import gymnasium as gym
-
 from agent_rl.envs.base import EnvUnavailableError, TextEnv, Transition
 
 NAMESPACE = "textarena"
@@ -99,7 +98,11 @@ _STEPS = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 
 def _frozenlake_oracle(game: Any) -> list[str]:
     """Shortest path to the goal around the holes (breadth-first search)."""
-    grid, start, goal = game.state.game_state["grid"], tuple(game.state.game_state["player_pos"]), tuple(game.state.game_state["goal_pos"])
+    grid, start, goal = (
+        game.state.game_state["grid"],
+        tuple(game.state.game_state["player_pos"]),
+        tuple(game.state.game_state["goal_pos"]),
+    )
     size = len(grid)
     parent: dict[tuple[int, int], tuple[tuple[int, int], str] | None] = {start: None}
     queue = deque([start])
@@ -242,22 +245,35 @@ GAMES: dict[str, GameRules] = {
 """The adapted games: TextArena ids that work offline, by their rules."""
 
 NETWORK_DATA: dict[str, tuple[str, ...]] = {
-    **dict.fromkeys(("Wordle-v0", "Wordle-v0-hardcore", "Wordle-v0-long", "Wordle-v0-long-hardcore"), ("words", "averaged_perceptron_tagger_eng")),
-    **dict.fromkeys(("Hangman-v0", "Hangman-v0-hardcore", "WordLadder-v0", "WordLadder-v0-medium", "WordLadder-v0-hard"), ("words",)),
+    **dict.fromkeys(
+        ("Wordle-v0", "Wordle-v0-hardcore", "Wordle-v0-long", "Wordle-v0-long-hardcore"),
+        ("words", "averaged_perceptron_tagger_eng"),
+    ),
+    **dict.fromkeys(
+        ("Hangman-v0", "Hangman-v0-hardcore", "WordLadder-v0", "WordLadder-v0-medium", "WordLadder-v0-hard"), ("words",)
+    ),
     **dict.fromkeys(("WordSearch-v0", "WordSearch-v0-hardcore"), ("words",)),
 }
 """Single-player games whose modules download NLTK data when imported: registered only to refuse."""
 
 LEFT_OUT: dict[str, str] = {
-    f"{NAMESPACE}/Sokoban-v0-medium": "TextArena's level generator took from 2 s to about a minute per reset on the seeds tried",
-    f"{NAMESPACE}/FifteenPuzzle-v0": "crashes when the puzzle is solved (it calls set_winners, which its single-player state lacks)",
+    f"{NAMESPACE}/Sokoban-v0-medium": (
+        "TextArena's level generator took from 2 s to about a minute per reset on the seeds tried"
+    ),
+    f"{NAMESPACE}/FifteenPuzzle-v0": (
+        "crashes when the puzzle is solved (it calls set_winners, which its single-player state lacks)"
+    ),
     f"{NAMESPACE}/Klondike-v0": "its module does not import in textarena 0.7.4 (a syntax error)",
-    f"{NAMESPACE}/GuessWho-v0, TwentyQuestions-v0(-hardcore)": "an LLM answers the questions through OpenRouter (an API key and the network)",
+    f"{NAMESPACE}/GuessWho-v0, TwentyQuestions-v0(-hardcore)": (
+        "an LLM answers the questions through OpenRouter (an API key and the network)"
+    ),
     f"{NAMESPACE}/2048, Bandit, BabyAiText, Blackjack, Countdown, Crosswords, Cryptarithm, LightsOut, LogicPuzzle, "
     "Mastermind, PegJump, RushHour, Secretary, Set, Slitherlink, Sudoku, ThreeCardMonte": (
         "single-player, but no adapter yet (each needs its move grammar, legal moves and state key written down)"
     ),
-    f"{NAMESPACE}/<the other ids>": "two or more players; the -train/-raw variants differ only in TextArena's observation wrappers",
+    f"{NAMESPACE}/<the other ids>": (
+        "two or more players; the -train/-raw variants differ only in TextArena's observation wrappers"
+    ),
 }
 
 
@@ -312,7 +328,11 @@ class TextArenaEnv(TextEnv):
         self.rules = GAMES[game]
         self.error_allowance = error_allowance
         turn_limit = spec.kwargs.get("max_turns") or 100
-        super().__init__(max_steps=2 * turn_limit if max_steps is None else max_steps, success_reward=success_reward, **reward_and_render)
+        super().__init__(
+            max_steps=2 * turn_limit if max_steps is None else max_steps,
+            success_reward=success_reward,
+            **reward_and_render,
+        )
         self._random_state = random.Random(0).getstate()
         self._board = ""
         self._instance: Any = None
@@ -344,7 +364,11 @@ class TextArenaEnv(TextEnv):
     def _messages(self) -> list[tuple[str, str]]:
         """The messages TextArena has for the player since the last call, without its own echo."""
         _, messages = self._game.get_observation()
-        return [(str(text).translate(_OUTSIDE_CHARSET), kind.name) for _, text, kind in messages if kind.name != "PLAYER_ACTION"]
+        return [
+            (str(text).translate(_OUTSIDE_CHARSET), kind.name)
+            for _, text, kind in messages
+            if kind.name != "PLAYER_ACTION"
+        ]
 
     def _describe(self, messages: list[tuple[str, str]]) -> str:
         """This step's messages, with the latest board appended when the step showed none."""
@@ -416,7 +440,15 @@ def register_textarena(register_text_env: Callable[..., None]) -> dict[str, str]
     ``gymnasium.make``; return the left-out ids with the reason for each."""
     for game, rules in GAMES.items():
         description = f"TextArena {game}: {rules.description}."
-        register_text_env(f"{NAMESPACE}/{game}", ENTRY_POINT, description=description, default_anchor="state", game=game)
+        register_text_env(
+            f"{NAMESPACE}/{game}", ENTRY_POINT, description=description, default_anchor="state", game=game
+        )
     for game in NETWORK_DATA:
         gym.register(id=f"{NAMESPACE}/{game}", entry_point=ENTRY_POINT, kwargs={"game": game}, disable_env_checker=True)
-    return {**{f"{NAMESPACE}/{game}": f"needs NLTK data from the network ({', '.join(r)})" for game, r in NETWORK_DATA.items()}, **LEFT_OUT}
+    return {
+        **{
+            f"{NAMESPACE}/{game}": f"needs NLTK data from the network ({', '.join(r)})"
+            for game, r in NETWORK_DATA.items()
+        },
+        **LEFT_OUT,
+    }

@@ -28,12 +28,11 @@ from typing import Any
 import jericho
 import platformdirs
 import textworld
+from agent_rl.envs.base import TextEnv, Transition
 from filelock import FileLock
 from textworld.challenges import coin_collector, treasure_hunter
 from textworld.generator import QuestGenerationError, compile_game, make_game
 from textworld.generator.game import GameOptions
-
-from agent_rl.envs.base import TextEnv, Transition
 
 KINDS = ("coin_collector", "treasure_hunter", "custom")
 CUSTOM_LIMITS = {"world_size": (1, 100, 3), "nb_objects": (0, 100, 3), "quest_length": (1, 20, 3)}
@@ -100,7 +99,11 @@ class GameSpec:
     def internal_seed(self, attempt: int) -> int:
         """The generator seed of the ``attempt``-th try: a fixed sequence per (game_seed, index), and
         another one per held-out (game_seed, index, redraw)."""
-        pool = f"{self.game_seed}:{self.index}" if self.split == "train" else f"eval:{self.game_seed}:{self.index}:{self.redraw}"
+        pool = (
+            f"{self.game_seed}:{self.index}"
+            if self.split == "train"
+            else f"eval:{self.game_seed}:{self.index}:{self.redraw}"
+        )
         digest = blake2b(f"{pool}:{attempt}".encode(), digest_size=4).digest()
         return int.from_bytes(digest, "little") % (2**31 - 1)
 
@@ -176,7 +179,8 @@ def game_identity(spec: GameSpec) -> str:
         raise RuntimeError(f"corrupt cached TextWorld game {path}: {exc}; delete its folder to regenerate it") from exc
     names = {entity: info.name or entity for entity, info in game.infos.items()}
     facts = sorted(
-        f"{fact.name}({', '.join(names.get(arg.name, arg.name) for arg in fact.arguments)})" for fact in game.world.facts
+        f"{fact.name}({', '.join(names.get(arg.name, arg.name) for arg in fact.arguments)})"
+        for fact in game.world.facts
     )
     quests = [list(quest.commands) for quest in game.quests]
     return blake2b(json.dumps([facts, quests]).encode(), digest_size=16).hexdigest()
@@ -213,9 +217,10 @@ class TextWorldEnv(TextEnv):
         max_steps and the reward knobs: see ``TextEnv``.
 
     Commands: only commands in TextWorld's admissible set (``info["admissible_actions"]``, lower-cased
-    like every action after ``normalize_action``) reach the interpreter. Anything else, including the interpreter's meta commands (quit, restart, save, undo,
-    ...) that could end or rewind the game behind the environment's back, is answered by the
-    environment itself with ``action_valid=False`` and leaves the state unchanged.
+    like every action after ``normalize_action``) reach the interpreter. Anything else, including the
+    interpreter's meta commands (quit, restart, save, undo, ...) that could end or rewind the game
+    behind the environment's back, is answered by the environment itself with
+    ``action_valid=False`` and leaves the state unchanged.
 
     Anchor: blake2b of the game's key and its sorted world facts. Oracle: TextWorld's
     ``policy_commands``, a winning command sequence computed from the current state.
@@ -243,7 +248,9 @@ class TextWorldEnv(TextEnv):
             raise ValueError(f"n_games must be >= 1, got {n_games}")
         if kind == "custom":
             if level is not None:
-                raise ValueError("level applies to coin_collector/treasure_hunter; use world_size/nb_objects/quest_length")
+                raise ValueError(
+                    "level applies to coin_collector/treasure_hunter; use world_size/nb_objects/quest_length"
+                )
             given = {"world_size": world_size, "nb_objects": nb_objects, "quest_length": quest_length}
             sizes = {}
             for name, (low, high, default) in CUSTOM_LIMITS.items():
@@ -262,7 +269,9 @@ class TextWorldEnv(TextEnv):
             if kind == "coin_collector" and ((level - 1) // 100 + 1) * ((level - 1) % 100 + 1) > 100:
                 raise ValueError(f"coin_collector level {level} needs more than the 100 rooms TextWorld supports")
             sizes = {"world_size": 0, "nb_objects": 0, "quest_length": 0}
-        self.specs = [GameSpec(kind=kind, level=level, game_seed=int(game_seed), index=i, **sizes) for i in range(n_games)]
+        self.specs = [
+            GameSpec(kind=kind, level=level, game_seed=int(game_seed), index=i, **sizes) for i in range(n_games)
+        ]
         self._eval_specs: dict[int, GameSpec] = {}
         self._identities: dict[GameSpec, str] = {}
         self._interpreters: dict[GameSpec, textworld.Environment] = {}

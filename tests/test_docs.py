@@ -15,9 +15,20 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 TINY = [
-    "engine=hf", "trainer.iterations=1", "trainer.eval_episodes=2", "trainer.eval_sampled=false",
-    "trainer.confirm_episodes=0", "rollout.n_groups=2", "rollout.group_size=2", "rollout.max_turns=3",
-    "sft.steps=2", "sft.episodes=2", "sft.batch_size=4", "optim.minibatch_size=2", "rollout.min_batch_rows=0", "logging.console=false",
+    "engine=hf",
+    "trainer.iterations=1",
+    "trainer.eval_episodes=2",
+    "trainer.eval_sampled=false",
+    "trainer.confirm_episodes=0",
+    "rollout.n_groups=2",
+    "rollout.group_size=2",
+    "rollout.max_turns=3",
+    "sft.steps=2",
+    "sft.episodes=2",
+    "sft.batch_size=4",
+    "optim.minibatch_size=2",
+    "rollout.min_batch_rows=0",
+    "logging.console=false",
     "logging.tensorboard=false",
 ]
 
@@ -49,7 +60,9 @@ def test_the_quickstart_runs(tmp_path):
     (code,) = python_blocks(ROOT / "docs" / "quickstart.md")
     code = re.sub(r"^sizes = \[.*\]", f"sizes = {TINY!r}", code, flags=re.M)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     for run in ("quickstart-maze", "quickstart-say"):
         records = [json.loads(line) for line in (tmp_path / "runs" / run / "metrics.jsonl").read_text().splitlines()]
@@ -61,7 +74,11 @@ def test_the_preset_table_is_the_code():
 
     text = (ROOT / "docs" / "algorithms.md").read_text()
     for name, parts in ALGORITHM_PRESETS.items():
-        step = f"yes ({parts['step_normalize']})" if parts["step_credit"] != "none" else f"no ({parts['step_normalize']} when turned on)"
+        step = (
+            f"yes ({parts['step_normalize']})"
+            if parts["step_credit"] != "none"
+            else f"no ({parts['step_normalize']} when turned on)"
+        )
         assert f"| `{name}` | {parts['advantage']} | {step} | `{parts['loss']}` |" in text, name
 
 

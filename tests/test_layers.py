@@ -45,7 +45,11 @@ TRAINING_ROOMS = ("models", "infra", "serving", "loop")
 def room(module: str) -> int | None:
     """The rank of ``module``'s room in ``TRAINING_ROOMS``; None outside them."""
     parts = module.split(".")[1:]
-    return TRAINING_ROOMS.index(parts[1]) if parts[:1] == ["training"] and len(parts) > 2 and parts[1] in TRAINING_ROOMS else None
+    return (
+        TRAINING_ROOMS.index(parts[1])
+        if parts[:1] == ["training"] and len(parts) > 2 and parts[1] in TRAINING_ROOMS
+        else None
+    )
 
 
 def layer(module: str) -> str:
@@ -58,7 +62,8 @@ def layer(module: str) -> str:
 
 
 def module_name(path: Path) -> str:
-    """The installed name of the module in ``path``: ``training/loop/trainer.py`` is ``agent_rl.training.loop.trainer``."""
+    """The installed name of the module in ``path``: ``training/loop/trainer.py`` is
+    ``agent_rl.training.loop.trainer``."""
     parts = path.relative_to(ROOT).with_suffix("").parts
     parts = parts[:-1] if parts[-1] == "__init__" else parts
     return ".".join(parts if parts[0] == "agent_rl" else ("agent_rl", *parts))
@@ -129,7 +134,7 @@ def test_no_import_cycles():
         path.append(module)
         for target in sorted(GRAPH[module]):
             if state.get(target) == 1:
-                cycles.append(path[path.index(target):] + [target])
+                cycles.append(path[path.index(target) :] + [target])
             elif target not in state:
                 visit(target)
         path.pop()

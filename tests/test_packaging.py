@@ -24,8 +24,12 @@ def installed_name(folder: Path) -> str:
 
 
 def test_every_package_folder_installs_under_agent_rl_and_nothing_else_does():
-    folders = [p.parent for top in SETUPTOOLS["package-dir"].values() for p in (ROOT / top).rglob("__init__.py")
-               if "results" not in p.parts]
+    folders = [
+        p.parent
+        for top in SETUPTOOLS["package-dir"].values()
+        for p in (ROOT / top).rglob("__init__.py")
+        if "results" not in p.parts
+    ]
     assert sorted(SETUPTOOLS["packages"]) == sorted(installed_name(folder) for folder in folders)
     assert all(name == "agent_rl" or name.startswith("agent_rl.") for name in SETUPTOOLS["packages"])
     assert set(SETUPTOOLS["package-dir"].values()) == {"agent_rl", "envs", "anchors", "training", "benchmarks"}
@@ -52,9 +56,23 @@ class Lock(gym.Env):
 gym.register("mine/Lock-v0", entry_point=Lock)
 '''
 
-SHORT_RUN = ["engine=hf", "trainer.iterations=1", "trainer.eval_every=1", "trainer.eval_episodes=2",
-             "trainer.eval_sampled=false", "trainer.target_success=null", "rollout.n_groups=2", "rollout.group_size=2",
-             "rollout.max_turns=1", "optim.minibatch_size=4", "optim.micro_batch_size=4", "sft.steps=2", "sft.episodes=2", "sft.batch_size=2", "logging.tensorboard=false"]
+SHORT_RUN = [
+    "engine=hf",
+    "trainer.iterations=1",
+    "trainer.eval_every=1",
+    "trainer.eval_episodes=2",
+    "trainer.eval_sampled=false",
+    "trainer.target_success=null",
+    "rollout.n_groups=2",
+    "rollout.group_size=2",
+    "rollout.max_turns=1",
+    "optim.minibatch_size=4",
+    "optim.micro_batch_size=4",
+    "sft.steps=2",
+    "sft.episodes=2",
+    "sft.batch_size=2",
+    "logging.tensorboard=false",
+]
 
 
 @pytest.mark.slow
@@ -65,22 +83,37 @@ def test_a_user_project_with_its_own_envs_and_training_packages_trains_through_t
         (project / package / "__init__.py").write_text('"""A package of the user project."""\n')
     (project / "envs" / "lock.py").write_text(USER_ENV)
     env = {**os.environ, "PYTHONPATH": str(project), "COLUMNS": "200"}
-    cli = subprocess.run([sys.executable, "-m", "agent_rl.cli", "train", "env.id=envs.lock:mine/Lock-v0",
-                          f"trainer.run_dir={tmp_path / 'cli'}", *SHORT_RUN],
-                         cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    cli = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agent_rl.cli",
+            "train",
+            "env.id=envs.lock:mine/Lock-v0",
+            f"trainer.run_dir={tmp_path / 'cli'}",
+            *SHORT_RUN,
+        ],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert cli.returncode == 0, cli.stderr[-3000:]
     assert (tmp_path / "cli" / "metrics.jsonl").is_file()
     script = textwrap.dedent(f"""
         import envs, training
         assert envs.__file__.startswith({str(project)!r}) and training.__file__.startswith({str(project)!r})
         from agent_rl import load_config, train
-        train(load_config(overrides=["env.id=envs.lock:mine/Lock-v0", "trainer.run_dir={tmp_path / 'api'}",
+        train(load_config(overrides=["env.id=envs.lock:mine/Lock-v0", "trainer.run_dir={tmp_path / "api"}",
                                      "logging.console=false", *{SHORT_RUN!r}]))
         import envs.lock
         assert envs.lock.Lock.__module__ == "envs.lock"
         print("trained")
     """)
-    api = subprocess.run([sys.executable, "-c", script], cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    api = subprocess.run(
+        [sys.executable, "-c", script], cwd=project, env=env, capture_output=True, text=True, timeout=600
+    )
     assert api.returncode == 0, api.stderr[-3000:]
     assert api.stdout.strip().endswith("trained") and (tmp_path / "api" / "metrics.jsonl").is_file()
 
@@ -93,7 +126,13 @@ def test_a_checkout_on_the_path_imports_its_own_subpackages_whichever_checkout_i
     (checkout / "agent_rl" / "__init__.py").write_text((ROOT / "agent_rl" / "__init__.py").read_text())
     (checkout / "training" / "__init__.py").write_text("WHERE = 'worktree'\n")
     code = "import agent_rl.training; print(agent_rl.training.WHERE, agent_rl.training.__file__)"
-    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(checkout)},
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(checkout)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["worktree", str(checkout / "training" / "__init__.py")]

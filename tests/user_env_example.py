@@ -39,7 +39,9 @@ class CounterEnv(TextEnv):
         return f"value={self.value}"
 
     def oracle(self) -> list[str]:
-        return ["inc"] * (self.target - self.value) if self.value <= self.target else ["dec"] * (self.value - self.target)
+        return (
+            ["inc"] * (self.target - self.value) if self.value <= self.target else ["dec"] * (self.value - self.target)
+        )
 
     def is_won(self) -> bool:
         return self.value == self.target

@@ -3,10 +3,9 @@ checked against its field's type (unknown keys get a "did you mean"), and writin
 
 from __future__ import annotations
 
-import importlib.resources
-
 import dataclasses
 import difflib
+import importlib.resources
 import os
 import types
 import typing

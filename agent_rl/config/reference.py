@@ -29,7 +29,9 @@ def field_docstrings(cls: type) -> dict[str, str]:
     return {
         field.target.id: " ".join(doc.value.value.split()).replace("``", "`")
         for field, doc in zip(body, body[1:])
-        if isinstance(field, ast.AnnAssign) and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)
+        if isinstance(field, ast.AnnAssign)
+        and isinstance(doc, ast.Expr)
+        and isinstance(doc.value, ast.Constant)
         and isinstance(doc.value.value, str)
     }
 

@@ -12,7 +12,8 @@ from agent_rl.presets import ALGORITHM_PRESETS, KL_ESTIMATORS
 ACTION_PARSERS = ("first_line", "action_tag", "admissible")
 """How actions are read from completions (``agent_rl.training.models.prompts.PARSERS`` implements each)."""
 SFT_MODES = ("random", "oracle")
-"""Warm starts that clone demonstrations (``agent_rl.training.loop.sft.warm_start``); ``sft.mode`` adds none and auto."""
+"""Warm starts that clone demonstrations (``agent_rl.training.loop.sft.warm_start``); ``sft.mode``
+adds none and auto."""
 PRECISIONS = ("fp32", "bf16")
 """Numeric precisions of the forward passes (``agent_rl.training.infra.distributed.check_precision``)."""
 
@@ -68,8 +69,8 @@ class PolicyConfig:
     under bfloat16 autocast, with the output head (the logits) in float32 (vLLM serves bfloat16
     weights), while weights, gradients, optimizer state and the loss stay float32. Engine and
     learner logprobs then differ by bf16 rounding, which ``trainer.recompute_old_logprobs`` keeps
-    out of most importance ratios (docs/models.md). It needs a CUDA GPU with bf16 or a CPU with AVX512-BF16 or AMX; on any
-    other device the trainer refuses it with a ``ConfigError``. ``auto`` is ``bf16`` where
+    out of most importance ratios (docs/models.md). It needs a CUDA GPU with bf16 or a CPU with
+    AVX512-BF16 or AMX; on any other device the trainer refuses it with a ``ConfigError``. ``auto`` is ``bf16`` where
     ``policy.device`` has it, else ``fp32``; the trainer prints the choice and the run's
     ``config.yaml`` records it."""
     cache_dir: str | None = None

@@ -23,10 +23,17 @@ def check_rollout(rollout: RolloutConfig) -> None:
         _require(getattr(rollout, name) >= 1, f"rollout.{name}", f"must be >= 1, got {getattr(rollout, name)}")
     for name in ("history_turns", "max_admissible_actions", "min_batch_rows", "max_resample_rounds", "overlong_buffer"):
         _require(getattr(rollout, name) >= 0, f"rollout.{name}", f"must be >= 0, got {getattr(rollout, name)}")
-    _require(rollout.overlong_buffer <= rollout.max_new_tokens, "rollout.overlong_buffer",
-             f"{rollout.overlong_buffer} exceeds rollout.max_new_tokens ({rollout.max_new_tokens})")
+    _require(
+        rollout.overlong_buffer <= rollout.max_new_tokens,
+        "rollout.overlong_buffer",
+        f"{rollout.overlong_buffer} exceeds rollout.max_new_tokens ({rollout.max_new_tokens})",
+    )
     _require(rollout.overlong_penalty >= 0, "rollout.overlong_penalty", f"must be >= 0, got {rollout.overlong_penalty}")
-    _require(rollout.parser in ACTION_PARSERS, "rollout.parser", f"must be one of {list(ACTION_PARSERS)}, got {rollout.parser!r}")
+    _require(
+        rollout.parser in ACTION_PARSERS,
+        "rollout.parser",
+        f"must be one of {list(ACTION_PARSERS)}, got {rollout.parser!r}",
+    )
     _require(rollout.temperature > 0, "rollout.temperature", f"must be > 0, got {rollout.temperature}")
     _require(0 < rollout.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {rollout.top_p}")
 
@@ -35,14 +42,23 @@ def validate(config: Config) -> None:
     """Range and consistency checks that types alone cannot express."""
     _require(bool(config.env.id.strip()), "env.id", "must not be empty")
     if config.env.anchor_key is not None:
-        _require(config.env.anchor_key in KEY_KINDS, "env.anchor_key",
-                 f"{config.env.anchor_key!r} is not one of {list(KEY_KINDS)} (or null for the environment's default)")
-    _require(config.env.timeout_s is None or config.env.timeout_s > 0, "env.timeout_s",
-             f"must be > 0 seconds, or null for no limit, got {config.env.timeout_s}")
+        _require(
+            config.env.anchor_key in KEY_KINDS,
+            "env.anchor_key",
+            f"{config.env.anchor_key!r} is not one of {list(KEY_KINDS)} (or null for the environment's default)",
+        )
+    _require(
+        config.env.timeout_s is None or config.env.timeout_s > 0,
+        "env.timeout_s",
+        f"must be > 0 seconds, or null for no limit, got {config.env.timeout_s}",
+    )
     _require(config.policy.lora_rank >= 0, "policy.lora_rank", "must be >= 0 (0 = full fine-tuning)")
     _require(config.policy.lora_alpha > 0, "policy.lora_alpha", "must be > 0")
-    _require(bool(config.policy.lora_target_modules) and all(m.strip() for m in config.policy.lora_target_modules),
-             "policy.lora_target_modules", "must name at least one module, e.g. [all-linear] or [q_proj, v_proj]")
+    _require(
+        bool(config.policy.lora_target_modules) and all(m.strip() for m in config.policy.lora_target_modules),
+        "policy.lora_target_modules",
+        "must name at least one module, e.g. [all-linear] or [q_proj, v_proj]",
+    )
     _require(config.engine.kv_cache_memory_bytes > 0, "engine.kv_cache_memory_bytes", "must be > 0")
     _require(config.engine.max_batch_size >= 1, "engine.max_batch_size", "must be >= 1")
     algo = config.algo
@@ -51,13 +67,21 @@ def validate(config: Config) -> None:
     _require(algo.eps > 0, "algo.eps", "must be > 0")
     _require(algo.kl_coef is None or algo.kl_coef >= 0, "algo.kl_coef", "must be >= 0")
     _require(algo.invalid_penalty >= 0, "algo.invalid_penalty", "must be >= 0")
-    _require(0 < algo.keep_groups <= 1, "algo.keep_groups",
-             f"must be in (0, 1] (1 keeps every group; 0 would keep none), got {algo.keep_groups}")
+    _require(
+        0 < algo.keep_groups <= 1,
+        "algo.keep_groups",
+        f"must be in (0, 1] (1 keeps every group; 0 would keep none), got {algo.keep_groups}",
+    )
     _require(0 <= algo.negative_weight <= 1, "algo.negative_weight", f"must be in [0, 1], got {algo.negative_weight}")
     for name in algo.loss_kwargs:
-        _require(name in LOSS_KWARGS, f"algo.loss_kwargs.{name}", f"unknown loss argument; choose from {list(LOSS_KWARGS)}")
-    _require(algo.loss is None or algo.loss in LOSS_PRESETS, "algo.loss",
-             f"unknown loss preset {algo.loss!r}; choose one of {sorted(LOSS_PRESETS)}")
+        _require(
+            name in LOSS_KWARGS, f"algo.loss_kwargs.{name}", f"unknown loss argument; choose from {list(LOSS_KWARGS)}"
+        )
+    _require(
+        algo.loss is None or algo.loss in LOSS_PRESETS,
+        "algo.loss",
+        f"unknown loss preset {algo.loss!r}; choose one of {sorted(LOSS_PRESETS)}",
+    )
     resolve_algorithm(algo)  # the parts the preset leaves open must combine (algo.advantage=none needs step credit)
     optim = config.optim
     _require(optim.lr > 0, "optim.lr", f"must be > 0, got {optim.lr}")
@@ -72,12 +96,18 @@ def validate(config: Config) -> None:
     check_rollout(rollout)
     trajectories = rollout.n_groups * rollout.group_size
     if optim.minibatch_size == 0:
-        _require(optim.minibatches <= trajectories, "optim.minibatches",
-                 f"{optim.minibatches} minibatches exceed the {trajectories} trajectories of a round "
-                 "(rollout.n_groups x rollout.group_size)")
-    _require(optim.minibatch_size <= trajectories, "optim.minibatch_size",
-             f"{optim.minibatch_size} trajectories leave no full minibatch: a round holds {trajectories} trajectories "
-             "(rollout.n_groups x rollout.group_size)")
+        _require(
+            optim.minibatches <= trajectories,
+            "optim.minibatches",
+            f"{optim.minibatches} minibatches exceed the {trajectories} trajectories of a round "
+            "(rollout.n_groups x rollout.group_size)",
+        )
+    _require(
+        optim.minibatch_size <= trajectories,
+        "optim.minibatch_size",
+        f"{optim.minibatch_size} trajectories leave no full minibatch: a round holds {trajectories} trajectories "
+        "(rollout.n_groups x rollout.group_size)",
+    )
     _require(optim.micro_batch_size >= 1, "optim.micro_batch_size", "must be >= 1")
     _require(optim.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0 (0 = no warmup)")
     sft = config.sft
@@ -90,7 +120,9 @@ def validate(config: Config) -> None:
     _require(sft.dagger_episodes >= 0, "sft.dagger_episodes", "must be >= 0")
     _require(0.0 < sft.dagger_fraction < 1.0, "sft.dagger_fraction", "must be in (0, 1)")
     if sft.format_target is not None:
-        _require(0.0 < sft.format_target <= 1.0, "sft.format_target", f"must be in (0, 1] or null, got {sft.format_target}")
+        _require(
+            0.0 < sft.format_target <= 1.0, "sft.format_target", f"must be in (0, 1] or null, got {sft.format_target}"
+        )
     if sft.max_seconds is not None:
         _require(sft.max_seconds > 0, "sft.max_seconds", f"must be > 0 or null, got {sft.max_seconds}")
     trainer = config.trainer
@@ -99,8 +131,11 @@ def validate(config: Config) -> None:
     _require(trainer.eval_episodes >= 1, "trainer.eval_episodes", "must be >= 1")
     _require(trainer.confirm_episodes >= 0, "trainer.confirm_episodes", "must be >= 0 (0 = no confirmation)")
     _require(trainer.save_every >= 1, "trainer.save_every", "must be >= 1")
-    _require(0 < trainer.max_failed_share <= 1, "trainer.max_failed_share",
-             f"must be in (0, 1] (1 stops when every trajectory failed), got {trainer.max_failed_share}")
+    _require(
+        0 < trainer.max_failed_share <= 1,
+        "trainer.max_failed_share",
+        f"must be in (0, 1] (1 stops when every trajectory failed), got {trainer.max_failed_share}",
+    )
     if trainer.target_success is not None:
         _require(0 < trainer.target_success <= 1, "trainer.target_success", "must be in (0, 1] or null")
     if trainer.torch_threads is not None:

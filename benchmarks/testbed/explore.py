@@ -77,8 +77,14 @@ def explore(env_id: str, kwargs: dict[str, Any], seed: int) -> TaskGraph:
                     snapshots.append(dict(vars(game)))
                     depth.append(depth[state] + 1)
                     admissible.append(info.get("admissible_actions", []))
-            values = (names.setdefault(action, len(names)), target, reward, info["won"], info["action_valid"],
-                      texts.setdefault(observation, len(texts)))
+            values = (
+                names.setdefault(action, len(names)),
+                target,
+                reward,
+                info["won"],
+                info["action_valid"],
+                texts.setdefault(observation, len(texts)),
+            )
             for column, value in zip(columns, values):
                 column.append(value)
         snapshots[state] = None  # expanded: its snapshot is no longer needed
@@ -86,9 +92,17 @@ def explore(env_id: str, kwargs: dict[str, Any], seed: int) -> TaskGraph:
     env.close()
     action, next_state, reward, won, valid, observation_id = columns
     return TaskGraph(
-        anchors, np.array(n_actions), list(names), np.array(action, dtype=np.int64), np.array(next_state, dtype=np.int64),
-        np.array(reward, dtype=np.float64), np.array(won, dtype=bool), np.array(valid, dtype=bool), list(texts),
-        np.array(observation_id, dtype=np.int64), max_steps,
+        anchors,
+        np.array(n_actions),
+        list(names),
+        np.array(action, dtype=np.int64),
+        np.array(next_state, dtype=np.int64),
+        np.array(reward, dtype=np.float64),
+        np.array(won, dtype=bool),
+        np.array(valid, dtype=bool),
+        list(texts),
+        np.array(observation_id, dtype=np.int64),
+        max_steps,
     )
 
 
@@ -107,8 +121,11 @@ def replay_check(env_id: str, kwargs: dict[str, Any], seed: int, graph: TaskGrap
             break
         edge = first[state] + int(rng.integers(graph.n_actions[state]))
         observation, reward, terminated, _, info = env.step(graph.action_names[graph.action_id[edge]])
-        agrees = (terminated == (graph.next_state[edge] < 0) and reward == graph.reward[edge]
-                  and observation == graph.observation_texts[graph.observation_id[edge]])
+        agrees = (
+            terminated == (graph.next_state[edge] < 0)
+            and reward == graph.reward[edge]
+            and observation == graph.observation_texts[graph.observation_id[edge]]
+        )
         if terminated or not agrees:
             break
         state = graph.next_state[edge]
@@ -182,21 +199,39 @@ def build_tables(graphs: list[TaskGraph]) -> Tables:
     slots = np.arange(len(rows)) - np.repeat(np.cumsum(n_actions) - n_actions, n_actions)
     state_offset = np.repeat(offsets, [len(g.next_state) for g in graphs])
     target = np.concatenate([g.next_state for g in graphs])
-    tables = {name: np.zeros(shape, dtype=dtype) for name, dtype in
-              (("reward", np.float64), ("won", bool), ("valid", bool), ("admissible", bool),
-               ("observation_id", np.int64), ("action_id", np.int64))}
+    tables = {
+        name: np.zeros(shape, dtype=dtype)
+        for name, dtype in (
+            ("reward", np.float64),
+            ("won", bool),
+            ("valid", bool),
+            ("admissible", bool),
+            ("observation_id", np.int64),
+            ("action_id", np.int64),
+        )
+    }
     tables["next_state"] = np.full(shape, -1, dtype=np.int64)
     tables["next_state"][rows, slots] = np.where(target >= 0, target + state_offset, -1)
     tables["admissible"][rows, slots] = True
     for name in ("reward", "won", "valid"):
         tables[name][rows, slots] = np.concatenate([getattr(g, name) for g in graphs])
-    tables["action_id"][rows, slots] = np.concatenate([global_ids("actions", g.action_names)[g.action_id] for g in graphs])
+    tables["action_id"][rows, slots] = np.concatenate(
+        [global_ids("actions", g.action_names)[g.action_id] for g in graphs]
+    )
     observation_ids = [global_ids("observations", g.observation_texts) for g in graphs]
-    tables["observation_id"][rows, slots] = np.concatenate([ids[g.observation_id] for ids, g in zip(observation_ids, graphs)])
+    tables["observation_id"][rows, slots] = np.concatenate(
+        [ids[g.observation_id] for ids, g in zip(observation_ids, graphs)]
+    )
     anchor_id = np.concatenate([global_ids("anchors", g.anchors) for g in graphs])
     strings = {kind: np.array(list(table), dtype=object) for kind, table in texts.items()}
     return Tables(
-        **tables, anchor_id=anchor_id, task_of_state=np.repeat(np.arange(len(graphs)), n_states), start_state=offsets,
-        start_observation_id=np.array([ids[0] for ids in observation_ids]), anchors=strings["anchors"],
-        actions=strings["actions"], observations=strings["observations"], max_steps=graphs[0].max_steps,
+        **tables,
+        anchor_id=anchor_id,
+        task_of_state=np.repeat(np.arange(len(graphs)), n_states),
+        start_state=offsets,
+        start_observation_id=np.array([ids[0] for ids in observation_ids]),
+        anchors=strings["anchors"],
+        actions=strings["actions"],
+        observations=strings["observations"],
+        max_steps=graphs[0].max_steps,
     )

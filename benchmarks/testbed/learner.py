@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
-
 from agent_rl.benchmarks.testbed.simulator import softmax
 
 
-def policy_gradient_step(logits: np.ndarray, states: np.ndarray, actions: np.ndarray, advantages: np.ndarray,
-                         lr: float) -> None:
+def policy_gradient_step(
+    logits: np.ndarray, states: np.ndarray, actions: np.ndarray, advantages: np.ndarray, lr: float
+) -> None:
     """``logits[s, a] += lr * A * (onehot(a) - pi(.|s))`` summed over rows, in place (pi before the step)."""
     visited, inverse = np.unique(states, return_inverse=True)
     width = logits.shape[1]

@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
 from agent_rl.benchmarks.testbed.explore import Tables
 
 
@@ -65,9 +64,20 @@ def rollout(tables: Tables, logits: np.ndarray, uniforms: np.ndarray) -> Rollout
         s = state[alive]
         cumulative = np.cumsum(softmax(logits[s]), axis=1)
         action = np.minimum((cumulative < noise[alive, t, None]).sum(axis=1), tables.admissible[s].sum(axis=1) - 1)
-        for column, values in zip(columns, (alive, traj_task[alive], s, action, observation[alive],
-                                            tables.reward[s, action], tables.valid[s, action], tables.won[s, action],
-                                            tables.next_state[s, action] < 0)):
+        for column, values in zip(
+            columns,
+            (
+                alive,
+                traj_task[alive],
+                s,
+                action,
+                observation[alive],
+                tables.reward[s, action],
+                tables.valid[s, action],
+                tables.won[s, action],
+                tables.next_state[s, action] < 0,
+            ),
+        ):
             column.append(values)
         state[alive] = tables.next_state[s, action]
         observation[alive] = tables.observation_id[s, action]

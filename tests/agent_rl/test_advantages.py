@@ -103,9 +103,7 @@ def test_episode_advantages_step_stats_by_hand():
         episode_advantages(returns, groups, trajs, mode="drgrpo", stats="trajectory"), [0.5, 0.5, 0.5, -0.5]
     )
     # RLOO over rows: the other trajectory's rows only.
-    np.testing.assert_allclose(
-        episode_advantages(returns, groups, trajs, mode="rloo", stats="step"), [1, 1, 1, -1]
-    )
+    np.testing.assert_allclose(episode_advantages(returns, groups, trajs, mode="rloo", stats="step"), [1, 1, 1, -1])
 
 
 def test_trajectory_stats_need_one_value_per_trajectory():
@@ -183,7 +181,13 @@ def test_step_advantages_by_hand():
 
 
 # Rows weighted as turns, so the hand values below are the plain per-row advantages.
-GIGPO_MEAN = ["algo=gigpo", "algo.advantage=drgrpo", "algo.step_normalize=mean", "algo.row_weight=turn", "algo.negative_weight=1"]
+GIGPO_MEAN = [
+    "algo=gigpo",
+    "algo.advantage=drgrpo",
+    "algo.step_normalize=mean",
+    "algo.row_weight=turn",
+    "algo.negative_weight=1",
+]
 """GiGPO with mean-centred advantages at both levels (no std), whose values are easy by hand."""
 
 
@@ -217,8 +221,15 @@ def test_pipeline_is_episode_plus_weighted_step():
     batch = step_batch([0, 0, 0, 0], [0, 0, 1, 1], [0.0, 1.0, 0.0, 0.0], ["s0", "s1", "s0", "s1"])
     step_returns = discounted_returns(batch.reward, batch.traj_id, 0.9)
     for preset, mode, normalize in (("gigpo", "drgrpo", "mean"), ("grpo", "grpo", "mean_std")):
-        algo = resolved_algo([f"algo={preset}", "algo.step_credit=anchor", "algo.step_weight=0.5", "algo.gamma=0.9",
-                               "algo.negative_weight=1"])
+        algo = resolved_algo(
+            [
+                f"algo={preset}",
+                "algo.step_credit=anchor",
+                "algo.step_weight=0.5",
+                "algo.gamma=0.9",
+                "algo.negative_weight=1",
+            ]
+        )
         episode = episode_advantages(episode_returns, batch.group_id, batch.traj_id, mode=mode)
         step = step_advantages(step_returns, batch.group_id, batch.anchor_key, normalize=normalize)
         np.testing.assert_allclose(compute_advantages(batch, algo).advantages, episode + 0.5 * step)
@@ -226,7 +237,8 @@ def test_pipeline_is_episode_plus_weighted_step():
     # s0 {0.9, 0}, s1 {1, 0}.
     algo = resolved_algo([*GIGPO_MEAN, "algo.step_weight=0.5", "algo.gamma=0.9"])
     np.testing.assert_allclose(
-        compute_advantages(batch, algo).advantages, [0.5 + 0.5 * 0.45, 0.5 + 0.5 * 0.5, -0.5 - 0.5 * 0.45, -0.5 - 0.5 * 0.5]
+        compute_advantages(batch, algo).advantages,
+        [0.5 + 0.5 * 0.45, 0.5 + 0.5 * 0.5, -0.5 - 0.5 * 0.45, -0.5 - 0.5 * 0.5],
     )
 
 
@@ -242,8 +254,9 @@ def test_step_only_credit_by_hand():
     gigpo = compute_advantages(batch, resolved_algo([*GIGPO_MEAN, "algo.gamma=0.5"]))
     np.testing.assert_allclose(gigpo.advantages - step_only.advantages, [0.5, 0.5, -0.5, -0.5], atol=1e-12)
     # step_weight still scales the step part; mean_std normalization applies as usual.
-    weighted = compute_advantages(batch, resolved_algo([*GIGPO_MEAN, "algo.advantage=none", "algo.gamma=0.5",
-                                                        "algo.step_weight=2"]))
+    weighted = compute_advantages(
+        batch, resolved_algo([*GIGPO_MEAN, "algo.advantage=none", "algo.gamma=0.5", "algo.step_weight=2"])
+    )
     np.testing.assert_allclose(weighted.advantages, 2 * step_only.advantages, atol=1e-12)
 
 
@@ -262,13 +275,22 @@ def test_invalid_penalty_is_charged_to_the_invalid_step_alone():
     np.testing.assert_allclose(penalized.advantages - plain.advantages, [0, 0, -0.1, 0, 0], atol=1e-12)
     np.testing.assert_array_equal(penalized.episode, plain.episode)  # returns and group statistics untouched
     # Under std normalization an all-win group stays at the penalty's size: it enters no statistic.
-    std = ["algo=grpo", "algo.step_credit=anchor", "algo.gamma=0.5", "algo.invalid_penalty=0", "algo.row_weight=turn", "algo.negative_weight=1"]
+    std = [
+        "algo=grpo",
+        "algo.step_credit=anchor",
+        "algo.gamma=0.5",
+        "algo.invalid_penalty=0",
+        "algo.row_weight=turn",
+        "algo.negative_weight=1",
+    ]
     no_penalty = compute_advantages(batch, resolved_algo(std))
     with_penalty = compute_advantages(batch, resolved_algo([*std, "algo.invalid_penalty=0.01"]))
     np.testing.assert_allclose(with_penalty.advantages - no_penalty.advantages, [0, 0, -0.01, 0, 0], atol=1e-12)
     # The same penalty as an environment reward is discounted into earlier steps and changes the
     # trajectory's return: trajectory 1 now loses the episode comparison at every step.
-    env_reward = step_batch(batch.group_id, batch.traj_id, [0, 1, -0.1, 0, 1], batch.anchor_key, valid=batch.action_valid)
+    env_reward = step_batch(
+        batch.group_id, batch.traj_id, [0, 1, -0.1, 0, 1], batch.anchor_key, valid=batch.action_valid
+    )
     as_reward = compute_advantages(env_reward, resolved_algo(overrides))
     np.testing.assert_allclose(as_reward.episode, [0.05, 0.05, -0.05, -0.05, -0.05], atol=1e-12)
 
@@ -347,10 +369,18 @@ def test_step_stats_reproduce_verl_agent(normalize):
             sr += [sum(0.95**k * r for k, r in enumerate(traj_rewards[i:])) for i in range(length)]
     groups, trajs, keys, rewards, ep, sr = map(np.asarray, (groups, trajs, keys, rewards, ep, sr))
     mode = "grpo" if normalize == "mean_std" else "drgrpo"
-    algo = resolved_algo([
-        "algo=gigpo", f"algo.advantage={mode}", f"algo.step_normalize={normalize}", "algo.episode_stats=step",
-        "algo.step_weight=0.7", "algo.gamma=0.95", "algo.row_weight=turn", "algo.negative_weight=1",  # verl-agent: every turn alike, unbiased
-    ])
+    algo = resolved_algo(
+        [
+            "algo=gigpo",
+            f"algo.advantage={mode}",
+            f"algo.step_normalize={normalize}",
+            "algo.episode_stats=step",
+            "algo.step_weight=0.7",
+            "algo.gamma=0.95",
+            "algo.row_weight=turn",
+            "algo.negative_weight=1",  # verl-agent: every turn alike, unbiased
+        ]
+    )
     ours = compute_advantages(step_batch(groups, trajs, rewards, keys), algo).advantages
     reference = _verl_gigpo(ep, sr, groups, trajs, keys, normalize == "mean", 0.7)
     # The only deliberate difference: a singleton anchor group gets 0 here, its raw return there.
@@ -400,7 +430,9 @@ def test_row_permutation_permutes_outputs(batch, rnd):
         for stats in ("trajectory", "step"):
             full = episode_advantages(returns, groups, trajs, mode=mode, stats=stats)
             np.testing.assert_allclose(
-                episode_advantages(returns[perm], groups[perm], trajs[perm], mode=mode, stats=stats), full[perm], atol=1e-12
+                episode_advantages(returns[perm], groups[perm], trajs[perm], mode=mode, stats=stats),
+                full[perm],
+                atol=1e-12,
             )
     step = step_advantages(step_returns, groups, keys)
     np.testing.assert_allclose(step_advantages(step_returns[perm], groups[perm], keys[perm]), step[perm], atol=1e-12)
@@ -481,8 +513,10 @@ def test_negative_weight_outside_the_unit_interval_is_a_config_error(value):
 def test_trajectory_weighted_drgrpo_advantages_sum_to_zero_over_each_groups_rows(batch):
     returns, groups, trajs, _, _ = batch
     rewards = np.where(np.r_[trajs[1:] != trajs[:-1], True], returns, 0.0)  # each trajectory's return on its last row
-    credit = compute_advantages(StepBatch.for_credit(groups, trajs, rewards), resolved_algo(["algo=drgrpo", "algo.invalid_penalty=0",
-                                                                                                   "algo.negative_weight=1"]))
+    credit = compute_advantages(
+        StepBatch.for_credit(groups, trajs, rewards),
+        resolved_algo(["algo=drgrpo", "algo.invalid_penalty=0", "algo.negative_weight=1"]),
+    )
     np.testing.assert_allclose(np.bincount(groups, weights=credit.advantages), 0.0, atol=1e-9)
 
 
@@ -497,12 +531,15 @@ def test_group_return_spread_by_hand():
     np.testing.assert_allclose(group_return_spread(RETURNS[order], GROUPS[order], TRAJS[order]), [0.5, 0.0])
 
 
-@pytest.mark.parametrize("keep, expected", [
-    (1.0, [True, True, True, True, True]),  # 1 keeps every group, equal returns too
-    (0.5, [True, False, True, False, False]),  # ceil(2.5) = 3 by spread: 0.9, 0.4, then 0.0 (never kept)
-    (0.4, [True, False, True, False, False]),  # ceil(2.0) = 2
-    (0.2, [True, False, False, False, False]),
-])
+@pytest.mark.parametrize(
+    "keep, expected",
+    [
+        (1.0, [True, True, True, True, True]),  # 1 keeps every group, equal returns too
+        (0.5, [True, False, True, False, False]),  # ceil(2.5) = 3 by spread: 0.9, 0.4, then 0.0 (never kept)
+        (0.4, [True, False, True, False, False]),  # ceil(2.0) = 2
+        (0.2, [True, False, False, False, False]),
+    ],
+)
 def test_kept_groups_by_hand(keep, expected):
     spread = np.array([0.9, 0.0, 0.4, 0.0, 0.0])
     np.testing.assert_array_equal(kept_groups(spread, keep), expected)
@@ -527,8 +564,9 @@ def test_keep_groups_outside_the_unit_interval_is_a_config_error(value):
 def test_the_variance_filter_zeroes_the_groups_it_drops():
     # Group 0: returns 1 and 0 (spread); group 1: both 0 (no spread) with an invalid action, which
     # the penalty alone would charge.
-    batch = step_batch([0, 0, 1, 1], [0, 1, 2, 3], [1.0, 0.0, 0.0, 0.0], ["a", "a", "b", "b"],
-                       valid=[True, True, False, True])
+    batch = step_batch(
+        [0, 0, 1, 1], [0, 1, 2, 3], [1.0, 0.0, 0.0, 0.0], ["a", "a", "b", "b"], valid=[True, True, False, True]
+    )
     overrides = ["algo=grpo", "algo.row_weight=turn", "algo.negative_weight=1", "algo.invalid_penalty=0.5"]
     everything = compute_advantages(batch, resolved_algo(overrides))
     filtered = compute_advantages(batch, resolved_algo([*overrides, "algo.keep_groups=0.5"]))

@@ -70,8 +70,10 @@ def test_select_and_concatenate_round_trip():
 
 
 def test_importing_agent_rl_stays_light():
-    code = "import sys, agent_rl, agent_rl.advantages, agent_rl.batch; " \
-           "print(sorted(m for m in ('torch', 'vllm', 'ray', 'textworld', 'transformers') if m in sys.modules))"
+    code = (
+        "import sys, agent_rl, agent_rl.advantages, agent_rl.batch; "
+        "print(sorted(m for m in ('torch', 'vllm', 'ray', 'textworld', 'transformers') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -92,7 +94,9 @@ def test_from_rows_reads_every_schema_column_from_per_turn_records():
     rows = [{name: getattr(batch, name)[i] for name in ROW_COLUMNS} | {"kept_aside": i} for i in range(3)]
     rebuilt = StepBatch.from_rows(rows, group_id=batch.group_id, traj_id=batch.traj_id, extras={"seed": np.arange(3)})
     for name in ROW_COLUMNS:
-        assert [np.asarray(v).tolist() for v in getattr(rebuilt, name)] == [np.asarray(v).tolist() for v in getattr(batch, name)], name
+        assert [np.asarray(v).tolist() for v in getattr(rebuilt, name)] == [
+            np.asarray(v).tolist() for v in getattr(batch, name)
+        ], name
     assert rebuilt.extras["seed"].tolist() == [0, 1, 2]
     assert set(ROW_COLUMNS) | {"group_id", "traj_id", "anchor_key", "extras"} == set(StepBatch.__dataclass_fields__)
     with pytest.raises(ValueError, match=r"lack the columns \['won'\]"):

@@ -28,11 +28,20 @@ def test_unknown_options_are_rejected(capsys):
     assert "unrecognized arguments: --bogus" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["train", "--resume-from", "best"], "(--resume-from) applies only to a resumed run"),
-    (["train", "--resume", "auto", "trainer.run_dir=x", "--resume-from", "newest"], "must be one of ('last', 'best', 'sft')"),
-    (["train", "--resume", "auto"], "config key 'trainer.run_dir': resuming with 'auto' needs a fixed run directory"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", "--resume-from", "best"], "(--resume-from) applies only to a resumed run"),
+        (
+            ["train", "--resume", "auto", "trainer.run_dir=x", "--resume-from", "newest"],
+            "must be one of ('last', 'best', 'sft')",
+        ),
+        (
+            ["train", "--resume", "auto"],
+            "config key 'trainer.run_dir': resuming with 'auto' needs a fixed run directory",
+        ),
+    ],
+)
 def test_resume_options_that_cannot_work_are_one_line_errors(capsys, argv, message):
     assert main([*argv, "engine=hf"]) == 2
     err = capsys.readouterr().err
@@ -49,6 +58,7 @@ def test_the_train_command_leaves_the_sigterm_handler_as_it_found_it():
 
 def test_train_without_a_config_runs_the_main_job_unless_another_environment_is_named(monkeypatch, tmp_path):
     import agent_rl.training.loop.trainer
+
     from agent_rl.config import config_to_dict, load_config
 
     trained = []
@@ -57,8 +67,11 @@ def test_train_without_a_config_runs_the_main_job_unless_another_environment_is_
     assert main(["train", "trainer.seed=3", run_dir]) == 0
     assert main(["train", "--config", "sokoban", run_dir]) == 0
     assert main(["train", "env=userpkg/Lock-v0", run_dir]) == 0
-    expected = [load_config("maze", ["trainer.seed=3", run_dir]), load_config("sokoban", [run_dir]),
-                load_config(None, ["env=userpkg/Lock-v0", run_dir])]
+    expected = [
+        load_config("maze", ["trainer.seed=3", run_dir]),
+        load_config("sokoban", [run_dir]),
+        load_config(None, ["env=userpkg/Lock-v0", run_dir]),
+    ]
     assert [config_to_dict(c) for c in trained] == [config_to_dict(c) for c in expected]
     assert trained[2].env.kwargs == {} and trained[0].env.kwargs["n_rooms"] == 4
 
@@ -80,6 +93,10 @@ def test_a_full_disk_stops_a_run_with_one_line_that_says_how_to_go_on(monkeypatc
     assert len(err.strip().splitlines()) == 1 and "No space left on device (writing " in err
     assert f"the last checkpoint is iteration 3; continue with: agent-rl train --resume {tmp_path}" in err
     # Other OS errors are not this one's to explain.
-    monkeypatch.setattr(agent_rl.training.loop.trainer, "train", lambda config, **kwargs: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
+    monkeypatch.setattr(
+        agent_rl.training.loop.trainer,
+        "train",
+        lambda config, **kwargs: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")),
+    )
     with pytest.raises(OSError, match="I/O error"):
         main(["train", f"trainer.run_dir={tmp_path}"])

@@ -26,8 +26,15 @@ RECIPES = ROOT / "training" / "configs"
 
 def test_overrides_parse_with_yaml_types():
     config = load_config(
-        overrides=["trainer.iterations=50", "optim.lr=1e-4", "env.imports=[a, b]", "logging.tensorboard=false",
-                   "optim.betas=[0.9, 0.95]", "env.kwargs.n_rooms=9", "trainer.target_success=null"]
+        overrides=[
+            "trainer.iterations=50",
+            "optim.lr=1e-4",
+            "env.imports=[a, b]",
+            "logging.tensorboard=false",
+            "optim.betas=[0.9, 0.95]",
+            "env.kwargs.n_rooms=9",
+            "trainer.target_success=null",
+        ]
     )
     assert config.trainer.iterations == 50
     assert config.optim.lr == pytest.approx(1e-4)  # YAML 1.1 reads "1e-4" as a string
@@ -86,7 +93,10 @@ def test_yaml_file_then_overrides(tmp_path):
         ("rollout.top_p=1.5", "config key 'rollout.top_p': must be in (0, 1]"),
         ("rollout.min_batch_rows=-1", "config key 'rollout.min_batch_rows': must be >= 0"),
         ("optim.lr=-1e-4", "config key 'optim.lr': must be > 0"),
-        ("optim.minibatch_size=65", "config key 'optim.minibatch_size': 65 trajectories leave no full minibatch: a round holds 64"),
+        (
+            "optim.minibatch_size=65",
+            "config key 'optim.minibatch_size': 65 trajectories leave no full minibatch: a round holds 64",
+        ),
         ("optim.minibatch_size=-1", "config key 'optim.minibatch_size': must be >= 0"),
         ("algo.negative_weight=2", "config key 'algo.negative_weight': must be in [0, 1]"),
         ("algo.row_weight=token", "config key 'algo.row_weight': 'token' is not one of"),
@@ -104,7 +114,9 @@ def test_bad_values_name_the_key(override, message):
 def test_unknown_key_in_yaml_file(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("trainer:\n  eval_evry: 3\n")
-    with pytest.raises(ConfigError, match=r"unknown config key 'trainer.eval_evry' \(did you mean 'trainer.eval_every'\?\)"):
+    with pytest.raises(
+        ConfigError, match=r"unknown config key 'trainer.eval_evry' \(did you mean 'trainer.eval_every'\?\)"
+    ):
         load_config(path)
 
 
@@ -125,7 +137,9 @@ def test_step_credit_combines_with_any_loss():
     algo = resolve_algorithm(load_config(overrides=["algo=dapo", "algo.step_credit=anchor", "algo.kl_coef=0.01"]).algo)
     assert (algo.loss, algo.advantage, algo.step_credit) == ("dapo", "grpo", "anchor")
     assert algo.loss_kwargs["clip_high"] == 0.28 and algo.kl_coef == 0.01
-    algo = resolve_algorithm(load_config(overrides=["algo=gigpo", "algo.loss=gspo", "algo.loss_kwargs.clip_high=0.001"]).algo)
+    algo = resolve_algorithm(
+        load_config(overrides=["algo=gigpo", "algo.loss=gspo", "algo.loss_kwargs.clip_high=0.001"]).algo
+    )
     assert algo.loss_kwargs["ratio_level"] == "sequence" and algo.loss_kwargs["clip_high"] == 0.001
     assert algo.loss_kwargs["clip_low"] == 3e-4 and algo.step_credit == "anchor"
 
@@ -135,13 +149,23 @@ def test_every_recipe_loads_and_the_maze_recipe_adds_only_what_belongs_to_its_en
     assert {p.stem for p in recipes} >= {"maze", "sokoban", "textworld", "minicode"}
     for path in recipes:
         load_config(path)
+
     # The library defaults are the main job's learner; the recipe adds its Maze, warm start and prompt.
     def keys(config):
-        return {f"{section}.{key}": value for section, values in config_to_dict(config).items() for key, value in values.items()}
+        return {
+            f"{section}.{key}": value
+            for section, values in config_to_dict(config).items()
+            for key, value in values.items()
+        }
 
     recipe, library = keys(load_config("maze")), keys(Config())
     assert {key for key in library if recipe[key] != library[key]} == {
-        "env.kwargs", "rollout.history_turns", "rollout.max_new_tokens", "sft.steps", "sft.episodes"}
+        "env.kwargs",
+        "rollout.history_turns",
+        "rollout.max_new_tokens",
+        "sft.steps",
+        "sft.episodes",
+    }
     assert (library["env.kwargs"], library["sft.steps"], library["sft.episodes"]) == ({}, 300, 500)
     assert recipe["env.id"] == library["env.id"] == "agent_rl/Maze-v0"
 
@@ -186,7 +210,8 @@ def test_building_a_config_imports_neither_torch_nor_training_nor_an_environment
     code = (
         "import sys; from agent_rl.config import load_config; "
         "load_config('sokoban', ['algo=drgrpo', 'rollout.parser=action_tag', 'env.anchor_key=similarity']); "
-        "loaded = [m for m in sys.modules if m.split('.')[0] in ('torch', 'training', 'envs', 'anchors', 'gymnasium')]; "
+        "loaded = [m for m in sys.modules if m.split('.')[0] in ('torch', 'training', 'envs', 'anchors', "
+        "'gymnasium')]; "
         "assert not loaded, loaded"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
@@ -213,7 +238,10 @@ def test_oracle_recipes_keep_the_warm_start_their_committed_results_used(recipe)
 
 def test_env_kwargs_start_empty_and_take_sub_keys():
     assert Config().env.kwargs == {} and load_config(overrides=["env.id=userpkg/Lock-v0"]).env.kwargs == {}
-    for overrides in (["env.id=userpkg/Lock-v0", "env.kwargs.digits=4"], ["env.kwargs.digits=4", "env.id=userpkg/Lock-v0"]):
+    for overrides in (
+        ["env.id=userpkg/Lock-v0", "env.kwargs.digits=4"],
+        ["env.kwargs.digits=4", "env.id=userpkg/Lock-v0"],
+    ):
         assert load_config(overrides=overrides).env.kwargs == {"digits": 4}, overrides
     maze = load_config("maze", ["env.kwargs.n_rooms=9"]).env.kwargs
     assert maze["n_rooms"] == 9 and maze["oracle"] == "explore"

@@ -51,8 +51,9 @@ def test_a_failed_trajectory_gets_credit_for_its_progress():
     known = graph.progress[~np.isnan(graph.progress)]
     mean = known.mean()
     assert mean == pytest.approx(2 / 9)
-    np.testing.assert_allclose(advantages, [1 - mean, 1 - mean, 1 - mean, -mean, 1 - mean, -1 - mean, 0, -1 - mean,
-                                            -mean, -mean])
+    np.testing.assert_allclose(
+        advantages, [1 - mean, 1 - mean, 1 - mean, -mean, 1 - mean, -1 - mean, 0, -1 - mean, -mean, -mean]
+    )
     # T1 failed, yet its step D -> B, onto the winning path, is credited above the group's average.
     assert advantages[4] > 0
     std = known.std(ddof=1)
@@ -92,8 +93,8 @@ def test_groups_are_separate_graphs():
     one = rows((["A", "B"], "won"), (["A", "B", "C"], "lost"))
     other = rows((["B", "C"], "won"), (["A", "C"], "won"))  # the same keys, another group
     columns = [np.concatenate([a, b]) for a, b in zip(one, other)]
-    columns[0][len(one[0]):] = 1
-    columns[1][len(one[0]):] += 10
+    columns[0][len(one[0]) :] = 1
+    columns[1][len(one[0]) :] += 10
     together = graph_progress(*columns)
     alone = [graph_progress(*one), graph_progress(*other)]
     np.testing.assert_array_equal(together.distance, np.concatenate([g.distance for g in alone]))
@@ -121,8 +122,9 @@ def reference_distances(columns):
     return out
 
 
-trajectory = st.tuples(st.lists(st.sampled_from("ABCDEF"), min_size=1, max_size=6),
-                       st.sampled_from(["won", "lost", "cut"]))
+trajectory = st.tuples(
+    st.lists(st.sampled_from("ABCDEF"), min_size=1, max_size=6), st.sampled_from(["won", "lost", "cut"])
+)
 
 
 @settings(max_examples=150, deadline=None)
@@ -155,8 +157,14 @@ def test_the_pipeline_adds_weighted_graph_credit_to_episode_credit():
     group, traj, key, won, done, truncated = THREE
     reward = won.astype(float)
     batch = StepBatch.for_credit(group, traj, reward, anchor_key=key, won=won, truncated=truncated)
-    overrides = ["algo=gigpo", "algo.step_credit=graph", "algo.step_weight=0.5", "algo.invalid_penalty=0",
-                 "algo.negative_weight=1", "algo.row_weight=turn"]
+    overrides = [
+        "algo=gigpo",
+        "algo.step_credit=graph",
+        "algo.step_weight=0.5",
+        "algo.invalid_penalty=0",
+        "algo.negative_weight=1",
+        "algo.row_weight=turn",
+    ]
     algo = resolve_algorithm(load_config(overrides=overrides).algo)
     credit = compute_advantages(batch, algo)
     step = graph_advantages(graph_progress(*THREE), normalize="mean")
@@ -182,16 +190,27 @@ def test_graph_credit_needs_anchor_keys_and_reads_the_old_switch():
 def test_step_credit_that_reaches_no_row_says_why(kind):
     algo = resolve_algorithm(load_config(overrides=["algo=gigpo", f"algo.step_credit={kind}"]).algo)
     # Observations that never repeat (e.g. a turn counter in every one).
-    apart = StepBatch.for_credit([0] * 4, [0, 0, 1, 1], [0.0, 1.0, 0.0, 0.0], anchor_key=["s0", "a1", "s1", "b1"],
-                                 won=[False, True, False, False])
+    apart = StepBatch.for_credit(
+        [0] * 4,
+        [0, 0, 1, 1],
+        [0.0, 1.0, 0.0, 0.0],
+        anchor_key=["s0", "a1", "s1", "b1"],
+        won=[False, True, False, False],
+    )
     assert kind in compute_advantages(apart, algo).blind_step_credit()
     # Trajectories that meet only in the reset state: anchor credit compares their first steps, graph
     # credit has no meeting to stitch.
-    at_reset = StepBatch.for_credit([0] * 4, [0, 0, 1, 1], [0.0, 1.0, 0.0, 0.0], anchor_key=["s", "a1", "s", "b1"],
-                                    won=[False, True, False, False])
+    at_reset = StepBatch.for_credit(
+        [0] * 4, [0, 0, 1, 1], [0.0, 1.0, 0.0, 0.0], anchor_key=["s", "a1", "s", "b1"], won=[False, True, False, False]
+    )
     assert (compute_advantages(at_reset, algo).blind_step_credit() is None) == (kind == "anchor")
-    met = StepBatch.for_credit([0] * 4, [0, 0, 1, 1], [0.0, 1.0, 0.0, 0.0], anchor_key=["start", "a1", "a1", "a1"],
-                               won=[False, True, False, False])
+    met = StepBatch.for_credit(
+        [0] * 4,
+        [0, 0, 1, 1],
+        [0.0, 1.0, 0.0, 0.0],
+        anchor_key=["start", "a1", "a1", "a1"],
+        won=[False, True, False, False],
+    )
     assert compute_advantages(met, algo).blind_step_credit() is None
     none = resolve_algorithm(load_config(overrides=["algo=grpo"]).algo)
     assert compute_advantages(apart, none).blind_step_credit() is None

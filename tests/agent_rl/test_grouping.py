@@ -72,8 +72,11 @@ def test_hash_collisions_fall_back_to_an_exact_grouping(monkeypatch, collide):
     keys = rng.integers(-(2**62), 2**62, 300) // 7 * 7
     keys[::3] = keys[0]  # revisits
     # Every row (or every pair of key values) mixes to the same word: distinct rows now share a key.
-    fake = (lambda arrays: np.zeros(len(arrays[0]), dtype=np.uint64)) if collide == "all" else (
-        lambda arrays: (arrays[1] // 2).astype(np.uint64) << np.uint64(40))
+    fake = (
+        (lambda arrays: np.zeros(len(arrays[0]), dtype=np.uint64))
+        if collide == "all"
+        else (lambda arrays: (arrays[1] // 2).astype(np.uint64) << np.uint64(40))
+    )
     monkeypatch.setattr(grouping, "_mixed_key", fake)
     codes, n = dense_ids(groups, keys)
     expected, expected_n = _reference(groups, keys)
@@ -108,7 +111,9 @@ def test_errors_and_empty():
 
 @settings(max_examples=200, deadline=None)
 @given(
-    st.lists(st.tuples(st.integers(0, 5), st.integers(-(2**63), 2**63 - 1) | st.integers(0, 4)), min_size=1, max_size=60),
+    st.lists(
+        st.tuples(st.integers(0, 5), st.integers(-(2**63), 2**63 - 1) | st.integers(0, 4)), min_size=1, max_size=60
+    ),
     st.randoms(use_true_random=False),
 )
 def test_grouping_is_exact_and_permutation_invariant(rows, rnd):

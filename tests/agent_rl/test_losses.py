@@ -20,7 +20,6 @@ from agent_rl.losses import (
 )
 
 
-
 @pytest.fixture(autouse=True)
 def float64_default():
     """Hand-computed values are compared in float64; restore the default for other modules."""
@@ -103,7 +102,12 @@ def test_aggregation_modes_by_hand():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(2, 8), st.integers(1, 6), st.integers(0, 2**31 - 1), st.sampled_from(["seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"]))
+@given(
+    st.integers(2, 8),
+    st.integers(1, 6),
+    st.integers(0, 2**31 - 1),
+    st.sampled_from(["seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"]),
+)
 def test_micro_batches_sum_to_the_full_batch(rows, length, seed, loss_agg):
     gen = torch.Generator().manual_seed(seed)
     token_loss = torch.randn(rows, length, generator=gen)
@@ -163,7 +167,9 @@ def test_gspo_sequence_and_sequence_token_agree_with_one_advantage_per_sequence(
 def test_gspo_token_uses_per_token_advantages():
     logp, old = _inputs([[0.0, 0.0]])
     mask = torch.ones(1, 2, dtype=torch.bool)
-    out = policy_loss(logp, old, torch.tensor([[1.0, -1.0]]), mask, ratio_level="sequence_token", clip_low=None, clip_high=None)
+    out = policy_loss(
+        logp, old, torch.tensor([[1.0, -1.0]]), mask, ratio_level="sequence_token", clip_low=None, clip_high=None
+    )
     out.loss.backward()
     # ratio value 1, gradient s_i * grad logp_t: -A_t / 2 per token.
     torch.testing.assert_close(logp.grad, torch.tensor([[-0.5, 0.5]]))
@@ -256,10 +262,20 @@ def test_policy_loss_micro_batch_invariance():
         num_rows = float((mask.sum(-1) > 0).sum()) if preset["loss_agg"] == "seq_mean_token_mean" else 6.0
         total = 0
         for rows in (slice(0, 2), slice(2, 6)):
-            total = total + policy_loss(
-                logp[rows], old[rows], adv[rows], mask[rows], ref_logp=old[rows], num_tokens=num_tokens,
-                num_rows=num_rows, norm_length=5, **preset,
-            ).loss
+            total = (
+                total
+                + policy_loss(
+                    logp[rows],
+                    old[rows],
+                    adv[rows],
+                    mask[rows],
+                    ref_logp=old[rows],
+                    num_tokens=num_tokens,
+                    num_rows=num_rows,
+                    norm_length=5,
+                    **preset,
+                ).loss
+            )
         (split_grad,) = torch.autograd.grad(total, logp)
         torch.testing.assert_close(total, full, msg=name)
         torch.testing.assert_close(split_grad, full_grad, msg=name)

@@ -6,15 +6,14 @@ addresses, counts): all members must share one fingerprint, and different famili
 
 from __future__ import annotations
 
+import gymnasium as gym
 import pytest
+from agent_rl.anchors import compute_anchor_keys, error_fingerprint
+from agent_rl.envs.minicode_lang import compile_program, run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import gymnasium as gym
-
 from agent_rl import envs  # noqa: F401  (registers agent_rl/MiniCode-v0)
-from agent_rl.anchors import compute_anchor_keys, error_fingerprint
-from agent_rl.envs.minicode_lang import compile_program, run
 
 
 def py_traceback(path: str, line: int, bad: str, depth_calls: str = "") -> str:
@@ -86,12 +85,12 @@ FAMILIES: dict[str, list[str]] = {
         "x.c:12:5: error: use of undeclared identifier 'barBaz'\n    barBaz = 2;\n    ^\n2 errors generated.",
     ],
     "rustc_mismatched_types": [
-        "error[E0308]: mismatched types\n --> src/main.rs:2:18\n  |\n2 |     let x: i32 = \"hello\";\n"
+        'error[E0308]: mismatched types\n --> src/main.rs:2:18\n  |\n2 |     let x: i32 = "hello";\n'
         "  |            ---   ^^^^^^^ expected `i32`, found `&str`\n  |            |\n  |            expected due to this\n\n"
         "For more information about this error, try `rustc --explain E0308`.\nerror: aborting due to 1 previous error",
         "error[E0308]: mismatched types\n --> src/lib.rs:14:20\n   |\n14 |     let y: u8 = vec![1];\n"
         "   |            --   ^^^^^^^ expected `u8`, found `Vec<{integer}>`\n\n"
-        "error[E0308]: mismatched types\n --> src/lib.rs:15:20\n   |\n15 |     let z: u8 = \"s\";\n\n"
+        'error[E0308]: mismatched types\n --> src/lib.rs:15:20\n   |\n15 |     let z: u8 = "s";\n\n'
         "For more information about this error, try `rustc --explain E0308`.\nerror: aborting due to 2 previous errors",
     ],
     "rustc_unresolved": [
@@ -105,7 +104,7 @@ FAMILIES: dict[str, list[str]] = {
         "  symbol:   method helper(int)\n  location: class Solver\n1 error",
     ],
     "javac_incompatible": [
-        "Main.java:5: error: incompatible types: String cannot be converted to int\n        int x = \"a\";\n                ^\n1 error",
+        'Main.java:5: error: incompatible types: String cannot be converted to int\n        int x = "a";\n                ^\n1 error',
         "Foo.java:9: error: incompatible types: String cannot be converted to int\n        int y = s;\n                ^\n1 error",
     ],
     "tsc_assignable": [
@@ -179,9 +178,14 @@ def test_different_errors_differ():
     [
         ("error: 1:7: unknown word 'dupp'", "error: <n>:<n>: unknown word <q>"),
         ("wrong answer: input (3, 4): expected 11, got 7", "wrong answer: input (<n>...): expected <n>, got <n>"),
-        ("test 2/5 (x=4) failed: the program left 3 values on the stack [1 2 3]; expected exactly one int",
-         "test <n>/<n> (x=<n>) failed: the program left <n> value on the stack [<n>...]; expected exactly one int"),
-        (py_traceback("/tmp/x.py", 3, "abc"), "Traceback(<module> > main > parse): ValueError: invalid literal for int() with base <n>: <q>"),
+        (
+            "test 2/5 (x=4) failed: the program left 3 values on the stack [1 2 3]; expected exactly one int",
+            "test <n>/<n> (x=<n>) failed: the program left <n> value on the stack [<n>...]; expected exactly one int",
+        ),
+        (
+            py_traceback("/tmp/x.py", 3, "abc"),
+            "Traceback(<module> > main > parse): ValueError: invalid literal for int() with base <n>: <q>",
+        ),
         (recursion_traceback(5), "Traceback(<module> > fact): RecursionError: maximum recursion depth exceeded"),
         ("./main.go:5:2: undefined: foo", "<path>:<n>:<n>: undefined: <name>"),
         ("bash: pythn: command not found", "bash: <name>: command not found"),
@@ -210,7 +214,7 @@ def test_chained_python_exceptions_keep_both_templates():
     text = (
         "Traceback (most recent call last):\n  File \"a.py\", line 3, in load\n    d[k]\nKeyError: 'k'\n\n"
         "During handling of the above exception, another exception occurred:\n\n"
-        "Traceback (most recent call last):\n  File \"a.py\", line 5, in load\n    raise ValueError(k)\nValueError: k\n"
+        'Traceback (most recent call last):\n  File "a.py", line 5, in load\n    raise ValueError(k)\nValueError: k\n'
     )
     assert error_fingerprint(text).split("\n") == [
         "Traceback(load): KeyError: <q>",

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from agent_rl.anchors import GroupStats, compute_anchor_keys, group_steps
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from agent_rl.anchors import GroupStats, compute_anchor_keys, group_steps
 
 
 def reference_groups(group_ids, anchor_keys) -> list[frozenset[int]]:
@@ -36,7 +35,12 @@ def test_hand_computed_groups_and_stats():
     # Sorted by (group, key): (0,7)->0, (0,9)->1, (1,2)->2, (1,7)->3.
     assert ids.tolist() == [0, 0, 1, 3, 3, 3, 2]
     assert stats == GroupStats(
-        n_rows=7, n_groups=4, mean_size=7 / 4, max_size=3, frac_rows_in_groups_ge2=5 / 7, size_histogram={1: 2, 2: 1, 3: 1}
+        n_rows=7,
+        n_groups=4,
+        mean_size=7 / 4,
+        max_size=3,
+        frac_rows_in_groups_ge2=5 / 7,
+        size_histogram={1: 2, 2: 1, 3: 1},
     )
     assert stats.as_dict() == {
         "n_rows": 7,

@@ -8,11 +8,11 @@ import sys
 
 import numpy as np
 import pytest
+from agent_rl.anchors import KEY_KINDS, compute_anchor_keys, error_fingerprint, hash_strings, stable_hash64
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent_rl import anchors
-from agent_rl.anchors import KEY_KINDS, compute_anchor_keys, error_fingerprint, hash_strings, stable_hash64
 
 # blake2b(digest_size=8, person=domain), little-endian; pinned so a change of hash breaks loudly.
 PINNED = [
@@ -62,7 +62,9 @@ def test_keys_are_stable_across_processes():
         result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
         outputs.append(result.stdout)
     assert outputs[0] == outputs[1]
-    here_fp = compute_anchor_keys("fingerprint", ["obs one", "obs  two"], [None, "program:1:3: error: unknown word 'dupp'"])
+    here_fp = compute_anchor_keys(
+        "fingerprint", ["obs one", "obs  two"], [None, "program:1:3: error: unknown word 'dupp'"]
+    )
     here_state = compute_anchor_keys("state", states=["s0", "s1"])
     assert outputs[0] == f"{list(map(int, here_fp))}\n{list(map(int, here_state))}\n"
 
@@ -118,7 +120,9 @@ def test_similarity_keys_cluster_within_groups():
 
 
 def test_unknown_kind_lists_valid_kinds():
-    with pytest.raises(ValueError, match="unknown anchor key kind 'exact'.*state, observation, fingerprint, similarity, context"):
+    with pytest.raises(
+        ValueError, match="unknown anchor key kind 'exact'.*state, observation, fingerprint, similarity, context"
+    ):
         compute_anchor_keys("exact", observations=["a"])
     assert anchors.KEY_KINDS == KEY_KINDS == ("state", "observation", "fingerprint", "similarity", "context")
 
@@ -158,7 +162,9 @@ def test_keys_are_deterministic_and_equal_iff_normalized_text_equal(texts):
 
 
 def _context(states, actions, traj_ids, history_turns):
-    return compute_anchor_keys("context", states=states, actions=actions, traj_ids=traj_ids, history_turns=history_turns)
+    return compute_anchor_keys(
+        "context", states=states, actions=actions, traj_ids=traj_ids, history_turns=history_turns
+    )
 
 
 def test_context_keys_by_hand():
@@ -197,8 +203,14 @@ def test_context_keys_read_the_shown_observations_when_given():
     shown = compute_anchor_keys("context", observations, states=states, actions=actions, traj_ids=traj, history_turns=1)
     assert shown[1] != shown[3]
     assert shown[0] == shown[2] == by_state[0]  # first turns: the state key, no history
-    spaced = compute_anchor_keys("context", ["You  are in the hall.", *observations[1:]], states=states, actions=actions,
-                                 traj_ids=traj, history_turns=1)
+    spaced = compute_anchor_keys(
+        "context",
+        ["You  are in the hall.", *observations[1:]],
+        states=states,
+        actions=actions,
+        traj_ids=traj,
+        history_turns=1,
+    )
     assert spaced[1] == shown[1]  # observations are compared whitespace-normalized, as the observation kind does
 
 
@@ -215,7 +227,9 @@ def test_context_keys_follow_trajectories_through_interleaved_rows():
     traj = [0, 0, 0, 1, 1, 1]
     interleave = [0, 3, 1, 4, 2, 5]
     blocked = _context(states, actions, traj, 2)
-    mixed = _context([states[i] for i in interleave], [actions[i] for i in interleave], [traj[i] for i in interleave], 2)
+    mixed = _context(
+        [states[i] for i in interleave], [actions[i] for i in interleave], [traj[i] for i in interleave], 2
+    )
     assert np.array_equal(mixed, blocked[interleave])
 
 

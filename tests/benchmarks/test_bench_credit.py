@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from agent_rl.benchmarks import credit_assignment as bench
 
 from agent_rl.cli import main as cli_main
-from agent_rl.benchmarks import credit_assignment as bench
 
 
 def _records(iterations, sampled, greedy=None, invalid=0.1, length=9.0, grouped=None):
@@ -20,14 +20,26 @@ def _records(iterations, sampled, greedy=None, invalid=0.1, length=9.0, grouped=
     evals = {it: (s, g) for it, s, g in zip(iterations, sampled, greedy)}
     records = []
     for it in range(iterations[-1] + 1):
-        record = {"iteration": it, "time/elapsed": 10.0 * (it + 1), "time/rollout": 3.0, "time/advantage": 1.0,
-                  "time/update": 4.0, "time/sync": 0.0}
+        record = {
+            "iteration": it,
+            "time/elapsed": 10.0 * (it + 1),
+            "time/rollout": 3.0,
+            "time/advantage": 1.0,
+            "time/update": 4.0,
+            "time/sync": 0.0,
+        }
         if grouped is not None and it > 0:
             record["anchors/grouped_fraction"] = grouped
             record["anchors/mean_group_size"] = 3.0
         if it in evals:
-            record.update({"eval/sampled_success": evals[it][0], "eval/greedy_success": evals[it][1],
-                           "eval/sampled_invalid_rate": invalid, "eval/sampled_length": length})
+            record.update(
+                {
+                    "eval/sampled_success": evals[it][0],
+                    "eval/greedy_success": evals[it][1],
+                    "eval/sampled_invalid_rate": invalid,
+                    "eval/sampled_length": length,
+                }
+            )
         records.append(record)
     return records
 
@@ -72,8 +84,17 @@ def _grid(tmp_path, methods=("trajectory", "gigpo-state")):
 def test_warm_starts_launch_before_any_cell_and_the_pilot_runs_first(tmp_path):
     jobs = _grid(tmp_path)["maze"]
     order = [(job.seed, job.method) for job in bench.launch_order(jobs)]
-    assert order == [(0, None), (1, None), (2, None), (0, "trajectory"), (0, "gigpo-state"),
-                     (1, "trajectory"), (1, "gigpo-state"), (2, "trajectory"), (2, "gigpo-state")]
+    assert order == [
+        (0, None),
+        (1, None),
+        (2, None),
+        (0, "trajectory"),
+        (0, "gigpo-state"),
+        (1, "trajectory"),
+        (1, "gigpo-state"),
+        (2, "trajectory"),
+        (2, "gigpo-state"),
+    ]
     assert bench.pilot_of(jobs) is bench.launch_order(jobs)[3]
 
 
@@ -135,7 +156,10 @@ def test_summary_checks_where_the_baseline_learned_and_repeats_the_comparison_th
     assert "seed 0 +20.0, seed 1 +0.0, seed 2 +20.0 points; 15 or more on 2 of 3 seeds" in text
     assert "| gigpo-state | 0, 2 | +6." in text and "| 0.5 | +7.5, +5.0 |" in text
     # Where the baseline learned on every seed, there is nothing to repeat.
-    assert "paired_where_baseline_learned" not in bench.summarize(jobs, {}, gate_points=0.0)["maze"]["methods"]["gigpo-state"]
+    assert (
+        "paired_where_baseline_learned"
+        not in bench.summarize(jobs, {}, gate_points=0.0)["maze"]["methods"]["gigpo-state"]
+    )
 
 
 def _fake_training(monkeypatch, sampled_by_seed):
@@ -146,10 +170,17 @@ def _fake_training(monkeypatch, sampled_by_seed):
         if job.method is None:
             records, model = _records([0], [0.3]), "(run / 'checkpoints').mkdir()"
         else:
-            records, model = _records([0, 1, 2], [0.3, *[sampled_by_seed[job.seed]] * 2]), ""  # iteration 0 is the warm start's
+            records, model = (
+                _records([0, 1, 2], [0.3, *[sampled_by_seed[job.seed]] * 2]),
+                "",
+            )  # iteration 0 is the warm start's
         lines = "".join(json.dumps(r) + "\n" for r in records)
-        return [sys.executable, "-c", f"import pathlib; run = pathlib.Path({str(job.run_dir)!r}); "
-                f"(run / 'metrics.jsonl').write_text({lines!r}); {model}"]
+        return [
+            sys.executable,
+            "-c",
+            f"import pathlib; run = pathlib.Path({str(job.run_dir)!r}); "
+            f"(run / 'metrics.jsonl').write_text({lines!r}); {model}",
+        ]
 
     monkeypatch.setattr(bench.Job, "command", command)
     monkeypatch.setattr(bench.time, "sleep", lambda seconds: None)
@@ -160,7 +191,9 @@ def test_a_failed_gate_stops_a_gated_environment_and_not_an_ungated_one(tmp_path
     from rich.progress import Progress
 
     _fake_training(monkeypatch, {0: 0.35, 1: 0.6})  # the pilot (seed 0) gains 5 points, seed 1 gains 30
-    env = bench.Environment("maze", "a test maze", bench.QUICK_GRID[0].overrides, ("trajectory", "gigpo-state"), gated=gated)
+    env = bench.Environment(
+        "maze", "a test maze", bench.QUICK_GRID[0].overrides, ("trajectory", "gigpo-state"), gated=gated
+    )
     jobs = bench.plan((env,), 2, tmp_path)
     with Progress(disable=True) as progress:
         gates = bench.run_grid(jobs, workers=2, gate_points=15.0, progress=progress)
@@ -170,7 +203,14 @@ def test_a_failed_gate_stops_a_gated_environment_and_not_an_ungated_one(tmp_path
         assert trained == [(0, None), (0, "trajectory")]
         assert "no comparison was run" in gates["maze"].describe()
     else:
-        assert trained == [(0, None), (0, "trajectory"), (0, "gigpo-state"), (1, None), (1, "trajectory"), (1, "gigpo-state")]
+        assert trained == [
+            (0, None),
+            (0, "trajectory"),
+            (0, "gigpo-state"),
+            (1, None),
+            (1, "trajectory"),
+            (1, "gigpo-state"),
+        ]
         assert "runs ungated" in gates["maze"].describe()
         summary = bench.summarize(jobs, gates)["maze"]
         assert summary["baseline_learned_seeds"] == [1] and summary["gate"]["binding"] is False
@@ -208,19 +248,29 @@ def test_settings_are_recorded_then_checked(tmp_path):
     assert not job.run_dir.exists()  # checked, nothing recorded
     bench.check_settings(job, record=True)
     recorded = json.loads((job.run_dir / "settings.json").read_text())
-    assert recorded["algo.step_credit"] == "none" and recorded["trainer.seed"] == 0 and "trainer.run_dir" not in recorded
+    assert (
+        recorded["algo.step_credit"] == "none" and recorded["trainer.seed"] == 0 and "trainer.run_dir" not in recorded
+    )
     assert recorded["trainer.eval_first"] is False  # its seed's warm start evaluated iteration 0
     bench.check_settings(job)  # the same settings: accepted
-    other = bench.Job(bench.Environment("maze", "", (*job.env.overrides, "optim.lr=5e-5"), job.env.methods),
-                      job.seed, job.method, job.run_dir)
+    other = bench.Job(
+        bench.Environment("maze", "", (*job.env.overrides, "optim.lr=5e-5"), job.env.methods),
+        job.seed,
+        job.method,
+        job.run_dir,
+    )
     with pytest.raises(bench.MixedSettingsError, match=rf"1 differ: optim.lr: {recorded['optim.lr']} there, 5e-05 now"):
         bench.check_settings(other)
     # A run recorded before a config key existed trained with its default: accepted at the default only.
     del recorded["sft.epsilon"]
     (job.run_dir / "settings.json").write_text(json.dumps(recorded))
     bench.check_settings(job)
-    epsilon = bench.Job(bench.Environment("maze", "", (*job.env.overrides, "sft.epsilon=0.5"), job.env.methods),
-                        job.seed, job.method, job.run_dir)
+    epsilon = bench.Job(
+        bench.Environment("maze", "", (*job.env.overrides, "sft.epsilon=0.5"), job.env.methods),
+        job.seed,
+        job.method,
+        job.run_dir,
+    )
     with pytest.raises(bench.MixedSettingsError, match="1 differ: sft.epsilon: None there, 0.5 now"):
         bench.check_settings(epsilon)
     stray = tmp_path / "stray"
@@ -259,8 +309,13 @@ def test_quick_grid_gate_report_resume_and_settings_check(tmp_path, capsys):
     out = tmp_path / "grid"
     # An unreachable gate: the pilot trains, the report says why nothing else ran.
     console_script = Path(sys.executable).with_name("agent-rl")  # the installed script, run as users do
-    run = subprocess.run([str(console_script), "bench", "credit", "--quick", "--gate", "101", "--out", str(out)],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    run = subprocess.run(
+        [str(console_script), "bench", "credit", "--quick", "--gate", "101", "--out", str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())["results"]["maze"]
     assert summary["gate"]["passed"] is False and "no comparison was run" in (out / "summary.md").read_text()
@@ -277,7 +332,9 @@ def test_quick_grid_gate_report_resume_and_settings_check(tmp_path, capsys):
     assert maze["gate"]["passed"]
     assert maze["methods"]["gigpo-state"]["paired"]["seeds"] == [0, 1]
     assert maze["methods"]["graph-state"]["paired"]["seeds"] == [0, 1]
-    graph_log = [json.loads(line) for line in (out / "runs/maze/graph-state/seed0/metrics.jsonl").read_text().splitlines()]
+    graph_log = [
+        json.loads(line) for line in (out / "runs/maze/graph-state/seed0/metrics.jsonl").read_text().splitlines()
+    ]
     assert all("graph/merged_fraction" in record for record in graph_log if record["iteration"] > 0)
     for method in ("trajectory", "gigpo-state", "graph-state"):
         for cell in maze["methods"][method]["seeds"].values():

@@ -9,12 +9,14 @@ import sys
 import time
 
 import pytest
-
 from agent_rl.benchmarks.common import runs_stop_with_this_process, stopped
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
-STUBBORN = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-            "print('ready', flush=True); time.sleep(120)"]
+STUBBORN = [
+    sys.executable,
+    "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(120)",
+]
 
 
 def test_sigterm_stops_the_benchmark_like_ctrl_c_and_its_runs_with_it():
@@ -53,4 +55,5 @@ def test_a_stopped_benchmark_says_how_to_go_on(capsys):
 
     assert stopped("lift", _Stopped(signal.SIGTERM)) == 143 and stopped("lift", KeyboardInterrupt()) == 130
     assert capsys.readouterr().err.splitlines()[0] == (
-        "lift: stopped by SIGTERM: finished runs are kept; the same command resumes the others")
+        "lift: stopped by SIGTERM: finished runs are kept; the same command resumes the others"
+    )

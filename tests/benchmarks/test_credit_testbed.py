@@ -13,7 +13,6 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
-
 from agent_rl.benchmarks import credit_testbed as tb
 from agent_rl.benchmarks.testbed import exact, learner, simulator
 from agent_rl.benchmarks.testbed import explore as exploration
@@ -90,11 +89,15 @@ def test_replay_check_rejects_an_env_that_mutates_its_state_in_place():
             exploration.replay_check("testbedtest/InPlace-v0", {}, 0, graph, np.random.default_rng(seed))
     good = corridor_graph()
     for seed in range(20):
-        exploration.replay_check(CORRIDOR, {"min_length": 4, "max_length": 4, "max_steps": 20}, 3, good, np.random.default_rng(seed))
+        exploration.replay_check(
+            CORRIDOR, {"min_length": 4, "max_length": 4, "max_steps": 20}, 3, good, np.random.default_rng(seed)
+        )
 
 
 def corridor_tables(n_tasks: int = 3, max_steps: int = 8) -> exploration.Tables:
-    return exploration.build_tables([corridor_graph(seed, length=4 + seed % 2, max_steps=max_steps) for seed in range(n_tasks)])
+    return exploration.build_tables(
+        [corridor_graph(seed, length=4 + seed % 2, max_steps=max_steps) for seed in range(n_tasks)]
+    )
 
 
 def test_tables_number_states_globally():
@@ -115,7 +118,9 @@ def exhaustive_success(tables: exploration.Tables, pi: np.ndarray, state: int, s
     total = 0.0
     for slot in np.flatnonzero(tables.admissible[state]):
         after = tables.next_state[state, slot]
-        total += pi[state, slot] * (tables.won[state, slot] + (exhaustive_success(tables, pi, after, steps_left - 1) if after >= 0 else 0.0))
+        total += pi[state, slot] * (
+            tables.won[state, slot] + (exhaustive_success(tables, pi, after, steps_left - 1) if after >= 0 else 0.0)
+        )
     return total
 
 
@@ -157,10 +162,17 @@ def test_rollouts_sample_the_policy():
 def test_a_state_without_admissible_actions_ends_the_trajectory():
     # State 0: "trap" leads to state 1 (no admissible actions), "win" wins. Uniform policy: success 1/2.
     graph = exploration.TaskGraph(
-        anchors=["start", "trapped"], n_actions=np.array([2, 0]), action_names=["trap", "win"],
-        action_id=np.array([0, 1]), next_state=np.array([1, -1]), reward=np.array([0.0, 1.0]),
-        won=np.array([False, True]), valid=np.array([True, True]), observation_texts=["start"],
-        observation_id=np.array([0, 0]), max_steps=5,
+        anchors=["start", "trapped"],
+        n_actions=np.array([2, 0]),
+        action_names=["trap", "win"],
+        action_id=np.array([0, 1]),
+        next_state=np.array([1, -1]),
+        reward=np.array([0.0, 1.0]),
+        won=np.array([False, True]),
+        valid=np.array([True, True]),
+        observation_texts=["start"],
+        observation_id=np.array([0, 0]),
+        max_steps=5,
     )
     tables = exploration.build_tables([graph])
     logits = simulator.initial_logits(tables)
@@ -196,9 +208,11 @@ def test_arms_share_the_discount_and_penalty_their_results_used(monkeypatch):
 
     import agent_rl.config
 
-    odd = dataclasses.make_dataclass("OddDefaults", [("gamma", float, dataclasses.field(default=0.5)),
-                                                     ("invalid_penalty", float, dataclasses.field(default=0.9))],
-                                     bases=(agent_rl.config.AlgorithmConfig,))
+    odd = dataclasses.make_dataclass(
+        "OddDefaults",
+        [("gamma", float, dataclasses.field(default=0.5)), ("invalid_penalty", float, dataclasses.field(default=0.9))],
+        bases=(agent_rl.config.AlgorithmConfig,),
+    )
     monkeypatch.setattr(tb, "AlgorithmConfig", odd)
     for name, arm in tb.ARMS.items():
         algo = arm.algorithm()
@@ -216,8 +230,14 @@ def test_quick_run_writes_sane_outputs(tmp_path):
     out = tmp_path / "testbed"
     # From outside the checkout with no PYTHONPATH: the installed benchmarks package runs.
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    run = subprocess.run([str(Path(sys.executable).with_name("agent-rl")), "bench", "testbed", "--quick", "--out", str(out)],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [str(Path(sys.executable).with_name("agent-rl")), "bench", "testbed", "--quick", "--out", str(out)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     settings = summary["settings"]
@@ -233,7 +253,9 @@ def test_quick_run_writes_sane_outputs(tmp_path):
                 curve = r["curve"]
                 assert curve["updates"][0] == 0 and curve["updates"][-1] == settings["updates"]
                 assert curve["mean"][0] == pytest.approx(data["uniform_success"])  # every arm starts uniform
-                assert all(0.0 <= x <= 1.0 for x in r["per_seed_final_success"]) and len(r["per_seed_final_success"]) == 6
+                assert (
+                    all(0.0 <= x <= 1.0 for x in r["per_seed_final_success"]) and len(r["per_seed_final_success"]) == 6
+                )
                 assert r["final_success"]["mean"] == pytest.approx(np.mean(r["per_seed_final_success"]))
                 assert 0.0 <= r["grouped_fraction"] <= 1.0 and r["raw_mean_abs_advantage"] >= 0.0
                 baseline = tb.ARMS[arm].baseline
@@ -261,7 +283,10 @@ def test_quick_run_writes_sane_outputs(tmp_path):
     ("args", "message"),
     [
         (["--arms", "gigpo,gipgo"], "unknown arm 'gipgo'; valid arms: grpo, drgrpo, rloo, gigpo,"),
-        (["--envs", "maze,mazes"], "unknown environment 'mazes'; valid environments: maze, maze-long, sokoban, corridor"),
+        (
+            ["--envs", "maze,mazes"],
+            "unknown environment 'mazes'; valid environments: maze, maze-long, sokoban, corridor",
+        ),
         (["--seeds", "1"], "--seeds must be >= 2"),
     ],
 )

@@ -7,7 +7,6 @@ import json
 
 import pytest
 import torch
-
 from agent_rl.benchmarks import gpu_check
 
 
@@ -32,7 +31,12 @@ def test_the_dry_run_checks_parity_a_training_run_and_a_process_group(tmp_path):
     assert learner["learner_tflops"] == pytest.approx(expected)
     assert learner["learner_mfu_bf16"] == pytest.approx(expected / checks["matmul_peak_tflops"]["bfloat16"])
     assert run["greedy_success_start"] is not None and run["greedy_success_end"] is not None
-    assert checks["distributed"] == {**checks["distributed"], "backend": "gloo", "values_correct": True, "world_size": 1}
+    assert checks["distributed"] == {
+        **checks["distributed"],
+        "backend": "gloo",
+        "values_correct": True,
+        "world_size": 1,
+    }
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import gymnasium as gym
 import pytest
-
 from agent_rl.benchmarks import lift
 from agent_rl.benchmarks.lift_envs import DIALS, DOOR_OF_SIGN, DOORS, TURN_OF_SYMBOL
 from agent_rl.envs import check_text_env
@@ -25,23 +24,41 @@ def test_goals_by_hand():
     assert gain.met([0.5, 0.6], [30.0, 45.0], times) and not gain.met([0.9, 0.9], [29.9, 80.0], times)
     assert hold.met([0.9, 0.9], [-3.0, 0.0], times) and not hold.met([0.9, 0.9], [-3.0, -1.5], times)
     timed = lift.Goal("lift", 20.0, minutes=60.0)
-    assert timed.met([0.8, 0.8], [20.0, 25.0], [3600.0, 1200.0]) and not timed.met([0.8, 0.8], [20.0, 25.0], [3600.5, 1200.0])
+    assert timed.met([0.8, 0.8], [20.0, 25.0], [3600.0, 1200.0]) and not timed.met(
+        [0.8, 0.8], [20.0, 25.0], [3600.5, 1200.0]
+    )
     assert timed.describe() == "greedy lift >= +20 points on every seed, within 60 min per run"
 
 
 def test_run_summary_by_hand():
     records = [
-        {"iteration": 0, "time/elapsed": 12.0, "time/eval": 2.0, "eval/greedy_success": 0.25, "eval/sampled_success": 0.5,
-         "sft/steps_taken": 25.0},
+        {
+            "iteration": 0,
+            "time/elapsed": 12.0,
+            "time/eval": 2.0,
+            "eval/greedy_success": 0.25,
+            "eval/sampled_success": 0.5,
+            "sft/steps_taken": 25.0,
+        },
         {"iteration": 1, "time/elapsed": 20.0, "rollout/success_rate": 0.3, "rollout/invalid_rate": 0.1},
-        {"iteration": 2, "time/elapsed": 30.0, "eval/greedy_success": 1.0, "eval/sampled_success": 0.75,
-         "rollout/success_rate": 0.6, "rollout/invalid_rate": 0.0},
+        {
+            "iteration": 2,
+            "time/elapsed": 30.0,
+            "eval/greedy_success": 1.0,
+            "eval/sampled_success": 0.75,
+            "rollout/success_rate": 0.6,
+            "rollout/invalid_rate": 0.0,
+        },
     ]
     summary = lift.run_summary(records)
     assert summary["iterations"] == [0, 2] and summary["greedy_success"] == [0.25, 1.0]
     assert summary["greedy_lift"] == pytest.approx(75.0) and summary["sampled_lift"] == pytest.approx(25.0)
     assert summary["first_iteration_at_95_greedy"] == 2
-    assert summary["warm_start_s"] == 10.0 and summary["total_s"] == 30.0 and summary["warm_start"] == {"sft/steps_taken": 25.0}
+    assert (
+        summary["warm_start_s"] == 10.0
+        and summary["total_s"] == 30.0
+        and summary["warm_start"] == {"sft/steps_taken": 25.0}
+    )
     assert summary["training_success"] == [0.3, 0.6] and summary["training_invalid_rate"] == [0.1, 0.0]
     with pytest.raises(ValueError, match="iteration-0"):
         lift.run_summary(records[1:])
@@ -71,13 +88,20 @@ def test_the_combination_pays_only_four_right_turns_and_says_nothing_before():
         for dial in range(DIALS):
             symbol = observation.split()[-1].rstrip(".")
             symbols.append(symbol)
-            assert observation == f"Dial {dial + 1} of {DIALS} shows {symbol}." and info["admissible_actions"] == ["up", "down"]
+            assert observation == f"Dial {dial + 1} of {DIALS} shows {symbol}." and info["admissible_actions"] == [
+                "up",
+                "down",
+            ]
             right = TURN_OF_SYMBOL[symbol]
             turns.append(right if seed % 2 else ("down" if right == "up" and dial == seed % 8 // 2 else right))
             observation, reward, terminated, truncated, info = env.step(turns[-1])
             assert not truncated and terminated == (dial == DIALS - 1) and (reward == 0.0 or dial == DIALS - 1)
         won = all(turn == TURN_OF_SYMBOL[symbol] for turn, symbol in zip(turns, symbols))
-        assert (reward, info["won"], observation) == (float(won), won, "The lock opens." if won else "The lock stays shut.")
+        assert (reward, info["won"], observation) == (
+            float(won),
+            won,
+            "The lock opens." if won else "The lock stays shut.",
+        )
         wins += won
     assert 32 <= wins < 64  # odd seeds turn every dial right; even seeds turn one "up" dial wrong when there is one
     # An invalid turn leaves the dial as it is and says so; 12 turns end the episode.
@@ -96,11 +120,24 @@ def test_every_case_is_a_valid_config():
 
 
 def test_a_recipe_case_trains_with_its_recipe_and_its_own_seed_count(tmp_path):
-    case = lift.Case("r", "a recipe case", ("trainer.eval_sampled=false",), 4, 2, lift.Goal("lift", 20.0, 60.0),
-                     recipe="sokoban", seeds=3)
+    case = lift.Case(
+        "r",
+        "a recipe case",
+        ("trainer.eval_sampled=false",),
+        4,
+        2,
+        lift.Goal("lift", 20.0, 60.0),
+        recipe="sokoban",
+        seeds=3,
+    )
     assert case.config().env.id == "agent_rl/Sokoban-v0" and case.config().trainer.eval_sampled is False
     runs = lift.plan((case, lift.CASES[0]), None, tmp_path)
-    assert [(r.case.name, r.seed) for r in runs] == [("r", 0), ("r", 1), ("r", 2), *(("say", k) for k in range(lift.SEEDS))]
+    assert [(r.case.name, r.seed) for r in runs] == [
+        ("r", 0),
+        ("r", 1),
+        ("r", 2),
+        *(("say", k) for k in range(lift.SEEDS)),
+    ]
     command = runs[0].command("hf")
     assert command[command.index("--config") + 1] == "sokoban" and "--config" not in runs[3].command("hf")
     assert len(lift.plan((case,), 2, tmp_path)) == 2
@@ -123,8 +160,20 @@ def _processes_naming(text: str) -> list[int]:
 def test_quick_run_stops_resumes_writes_curves_lifts_and_reports_again_without_training(tmp_path, capsys):
     # SIGTERM to `agent-rl bench lift` (a scheduler's stop): the benchmark and every run it started exit;
     # none goes on training beside the rerun's copy of itself.
-    bench = subprocess.Popen([str(Path(sys.executable).with_name("agent-rl")), "bench", "lift", "--quick", "--engine", "hf",
-                              "--out", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    bench = subprocess.Popen(
+        [
+            str(Path(sys.executable).with_name("agent-rl")),
+            "bench",
+            "lift",
+            "--quick",
+            "--engine",
+            "hf",
+            "--out",
+            str(tmp_path),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 120
     while not any(tmp_path.glob("runs/*/seed*/metrics.jsonl")) and time.monotonic() < deadline:  # a run is training
         time.sleep(0.2)
@@ -152,7 +201,9 @@ def test_quick_run_stops_resumes_writes_curves_lifts_and_reports_again_without_t
     assert lift.main(["--quick", "--out", str(tmp_path), "--report", "--baseline", str(tmp_path)]) == 0
     against_itself = json.loads((tmp_path / "summary.json").read_text())["cases"][0]["vs_baseline"]
     assert against_itself["seeds"] == [0, 1] and against_itself["final_greedy_points"]["mean"] == 0.0
-    assert against_itself["primary"]["measure"] == "final_greedy_points" and not against_itself["primary"]["significant"]
+    assert (
+        against_itself["primary"]["measure"] == "final_greedy_points" and not against_itself["primary"]["significant"]
+    )
     assert against_itself["primary"]["family_size"] == 2 and against_itself["primary"]["holm_t_p"] == 1.0
     assert "no difference shown at 5% family-wise" in (tmp_path / "summary.md").read_text()
     assert lift.main(["--quick", "--out", str(tmp_path / "empty"), "--report"]) == 1
@@ -167,11 +218,21 @@ def test_bad_settings_fail_before_any_run(tmp_path, capsys):
 
 def test_a_case_without_sampled_evaluation_reports_dashes(tmp_path):
     def run(seed, start, end):
-        return {"seed": seed, **lift.run_summary([
-            {"iteration": 0, "time/elapsed": 60.0, "time/eval": 10.0, "eval/greedy_success": start},
-            {"iteration": 2, "time/elapsed": 600.0, "eval/greedy_success": end, "rollout/success_rate": 0.5,
-             "rollout/invalid_rate": 0.1},
-        ])}
+        return {
+            "seed": seed,
+            **lift.run_summary(
+                [
+                    {"iteration": 0, "time/elapsed": 60.0, "time/eval": 10.0, "eval/greedy_success": start},
+                    {
+                        "iteration": 2,
+                        "time/elapsed": 600.0,
+                        "eval/greedy_success": end,
+                        "rollout/success_rate": 0.5,
+                        "rollout/invalid_rate": 0.1,
+                    },
+                ]
+            ),
+        }
 
     case = lift.Case("r", "greedy only", (), 2, 2, lift.Goal("lift", 20.0, minutes=60.0), recipe="sokoban", seeds=2)
     summary = {"cases": [lift.case_summary(case, [run(0, 0.25, 0.5), run(1, 0.25, 0.75)], None)]}
@@ -188,9 +249,18 @@ def test_a_case_without_sampled_evaluation_reports_dashes(tmp_path):
 
 def test_the_baseline_comparison_tests_final_greedy_success_with_holm_over_the_compared_cases():
     def summary(finals: dict[str, list[float]]) -> dict:
-        return {"cases": [{"case": name, "runs": [{"seed": seed, "greedy_success": [0.0, final], "greedy_lift": 100 * final}
-                                                  for seed, final in enumerate(values)]}
-                          for name, values in finals.items()]}
+        return {
+            "cases": [
+                {
+                    "case": name,
+                    "runs": [
+                        {"seed": seed, "greedy_success": [0.0, final], "greedy_lift": 100 * final}
+                        for seed, final in enumerate(values)
+                    ],
+                }
+                for name, values in finals.items()
+            ]
+        }
 
     # a: differences 0.8, 0.6, 0.8, 0.8, 0.8 (mean 76 points); b: 0.05, -0.1, 0.05, 0.1, 0.05.
     ours = summary({"a": [0.9, 0.8, 0.95, 0.85, 0.9], "b": [0.5, 0.2, 0.4, 0.3, 0.6], "c": [0.5]})

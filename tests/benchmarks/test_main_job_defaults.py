@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from agent_rl.benchmarks.main_job_defaults import auc, main, summarize
 
 
@@ -68,8 +67,18 @@ def test_warm_start_arms_train_their_own_warm_start(tmp_path, monkeypatch):
         calls.append(config)
         run = Path(config.trainer.run_dir)
         run.mkdir(parents=True)
-        (run / "metrics.jsonl").write_text(json.dumps({"iteration": 0, "eval/greedy_success": 0.5, "eval/greedy_invalid_rate": 0.1,
-                                                            "time/elapsed": 100.0, "time/eval": 30.0}) + "\n")
+        (run / "metrics.jsonl").write_text(
+            json.dumps(
+                {
+                    "iteration": 0,
+                    "eval/greedy_success": 0.5,
+                    "eval/greedy_invalid_rate": 0.1,
+                    "time/elapsed": 100.0,
+                    "time/eval": 30.0,
+                }
+            )
+            + "\n"
+        )
 
     monkeypatch.setattr(agent_rl.training.loop.trainer, "train", fake_train)
     monkeypatch.setattr(bench, "warm_start", lambda seed, args: tmp_path / "shared")
@@ -78,8 +87,18 @@ def test_warm_start_arms_train_their_own_warm_start(tmp_path, monkeypatch):
     bench.run_arm("previous", 3, args)
     bench.run_arm("shortest-300", 3, args)
     bench.run_arm("precision-bf16", 3, args)
-    assert (calls[0].sft.steps, calls[0].env.kwargs["oracle"], calls[0].sft.mode, calls[0].trainer.seed) == (900, "explore", "auto", 3)
-    assert (calls[0].sft.episodes, calls[0].sft.lr_schedule, calls[0].sft.batch_size, calls[0].sft.perturb) == (400, "constant", 16, 0.0)
+    assert (calls[0].sft.steps, calls[0].env.kwargs["oracle"], calls[0].sft.mode, calls[0].trainer.seed) == (
+        900,
+        "explore",
+        "auto",
+        3,
+    )
+    assert (calls[0].sft.episodes, calls[0].sft.lr_schedule, calls[0].sft.batch_size, calls[0].sft.perturb) == (
+        400,
+        "constant",
+        16,
+        0.0,
+    )
     assert calls[0].policy.name_or_path == "embedded"
     assert calls[1].sft.mode == "none" and calls[1].policy.name_or_path == str(tmp_path / "shared")
     # The warm start the committed comparisons used, whatever the embedded defaults are now.
@@ -88,8 +107,16 @@ def test_warm_start_arms_train_their_own_warm_start(tmp_path, monkeypatch):
     assert calls[2].env.kwargs["oracle"] == "shortest"
     # The main job's own warm start, under bf16 autocast.
     assert (calls[3].policy.precision, calls[3].sft.steps, calls[3].sft.mode) == ("bf16", 1200, "auto")
-    assert own == {**own, "iteration": [0], "greedy_success": [0.5], "seconds_per_iteration": None, "warm_start_s": 70.0}
-    summary = bench.summarize({"a": {0: own, 1: own}, "b": {0: own, 1: {**own, "greedy_success": [0.75], "warm_start_s": 50.0}}}, [0, 1])
+    assert own == {
+        **own,
+        "iteration": [0],
+        "greedy_success": [0.5],
+        "seconds_per_iteration": None,
+        "warm_start_s": 70.0,
+    }
+    summary = bench.summarize(
+        {"a": {0: own, 1: own}, "b": {0: own, 1: {**own, "greedy_success": [0.75], "warm_start_s": 50.0}}}, [0, 1]
+    )
     assert summary["b"]["paired_vs_a"]["per_seed_final"] == pytest.approx([0.0, 0.25])
     assert summary["b"]["auc_greedy_success"]["mean"] == pytest.approx(0.625)
     assert (summary["a"]["warm_start_s"]["mean"], summary["b"]["warm_start_s"]["mean"]) == (70.0, 60.0)
@@ -108,24 +135,41 @@ def test_the_shared_warm_start_is_the_main_jobs_or_the_one_before(tmp_path, monk
         Path(config.trainer.run_dir).mkdir(parents=True)
 
     monkeypatch.setattr(agent_rl.training.loop.trainer, "train", fake_train)
-    monkeypatch.setattr(agent_rl.training.infra.checkpoint, "find_checkpoint", lambda run_dir, pointer: argparse.Namespace(model_dir=run_dir / pointer))
+    monkeypatch.setattr(
+        agent_rl.training.infra.checkpoint,
+        "find_checkpoint",
+        lambda run_dir, pointer: argparse.Namespace(model_dir=run_dir / pointer),
+    )
     args = argparse.Namespace(out=tmp_path, engine="hf", threads=1, warm_start=choice)
     assert bench.warm_start(2, args) == tmp_path / "warm_start" / "seed2" / "sft"
     (config,) = calls
-    assert (config.sft.steps, config.env.kwargs["oracle"], config.trainer.iterations, config.trainer.seed) == (sft_steps, oracle, 0, 2)
+    assert (config.sft.steps, config.env.kwargs["oracle"], config.trainer.iterations, config.trainer.seed) == (
+        sft_steps,
+        oracle,
+        0,
+        2,
+    )
 
 
 @pytest.mark.parametrize("arm", ["previous", "new", "mission", "env-penalty", "credit-penalty", "step-stats"])
 def test_learner_arms_name_every_learner_setting_they_depend_on(arm):
     """A learner arm resolves to the same learner whatever the embedded defaults are: its result
     reproduces after a default changes."""
-    from agent_rl.config import load_config, resolve_algorithm
     from agent_rl.benchmarks.main_job_defaults import ARMS
+
+    from agent_rl.config import load_config, resolve_algorithm
 
     def learner(config):
         algo = resolve_algorithm(config.algo)
-        return (algo.advantage, algo.step_normalize, algo.loss, algo.gamma, algo.invalid_penalty, config.optim.lr,
-                config.optim.minibatches)
+        return (
+            algo.advantage,
+            algo.step_normalize,
+            algo.loss,
+            algo.gamma,
+            algo.invalid_penalty,
+            config.optim.lr,
+            config.optim.minibatches,
+        )
 
     odd_algo = {"preset": "rloo", "gamma": 0.5, "invalid_penalty": 0.9}
     odd_optim = {"lr": 0.123, "minibatches": 3}

@@ -8,9 +8,6 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from agent_rl.benchmarks.paired_stats import (
     adjust_family,
     holm_adjusted,
@@ -21,11 +18,19 @@ from agent_rl.benchmarks.paired_stats import (
     student_t_quantile,
     wilcoxon_signed_rank,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 # Two-sided 95% (p = 0.975) and 99% (p = 0.995) quantiles of Student's t from the standard tables.
 T_TABLE = [
-    (0.975, 1, 12.706204736), (0.975, 2, 4.302652730), (0.975, 4, 2.776445105), (0.975, 10, 2.228138852),
-    (0.975, 30, 2.042272456), (0.975, 99, 1.984216952), (0.975, 127, 1.978819535), (0.995, 7, 3.499483297),
+    (0.975, 1, 12.706204736),
+    (0.975, 2, 4.302652730),
+    (0.975, 4, 2.776445105),
+    (0.975, 10, 2.228138852),
+    (0.975, 30, 2.042272456),
+    (0.975, 99, 1.984216952),
+    (0.975, 127, 1.978819535),
+    (0.995, 7, 3.499483297),
     (0.975, 1e7, 1.959964222),  # the normal quantile 1.959963985 + (z^3 + z) / (4 df)
 ]
 
@@ -80,7 +85,9 @@ def test_wilcoxon_exact_with_ties_matches_enumeration(values):
         return
     absolute = np.abs(d)
     ranks = np.array([(absolute < a).sum() + ((absolute == a).sum() + 1) / 2 for a in absolute])
-    sums = [sum(r for r, negative in zip(ranks, signs) if negative) for signs in itertools.product((0, 1), repeat=len(d))]
+    sums = [
+        sum(r for r, negative in zip(ranks, signs) if negative) for signs in itertools.product((0, 1), repeat=len(d))
+    ]
     assert statistic == min(ranks[d < 0].sum(), ranks[d > 0].sum())
     assert p == pytest.approx(min(1.0, 2 * np.mean(np.array(sums) <= statistic + 1e-9)))
 
@@ -144,7 +151,9 @@ def test_a_family_gets_holm_p_values_and_bonferroni_intervals():
     assert family["strong"].holm_wilcoxon_p == pytest.approx(min(1.0, 2 * strong.wilcoxon_p))
     # Bonferroni for 2: t(1 - 0.05/4, 4) = 3.495406 (tables), times std / sqrt(n).
     half = 3.4954059 * math.sqrt(2.5) / math.sqrt(5)
-    assert family["strong"].ci_low == pytest.approx(3 - half, rel=1e-6) and family["strong"].ci_high == pytest.approx(3 + half, rel=1e-6)
+    assert family["strong"].ci_low == pytest.approx(3 - half, rel=1e-6) and family["strong"].ci_high == pytest.approx(
+        3 + half, rel=1e-6
+    )
     assert family["strong"].significant() and not family["weak"].significant()
     assert family["strong"].as_dict()["adjusted_ci_low"] == family["strong"].ci_low
     with pytest.raises(ValueError, match="share one confidence"):

@@ -13,7 +13,9 @@ def test_quick_mode_writes_every_parser_cell_with_consistent_rates_and_parses(tm
     result = json.loads(path.read_text())
     assert result["episodes"] == 2 and result["max_turns"] == 2 and result["engine"] == "hf"
     assert [(c["env"], c["parser"]) for c in result["cells"]] == [
-        ("maze-small", "first_line"), ("maze-small", "action_tag"), ("maze-small", "admissible")
+        ("maze-small", "first_line"),
+        ("maze-small", "action_tag"),
+        ("maze-small", "admissible"),
     ]
     for cell in result["cells"]:
         assert cell["env_kwargs"]["n_rooms"] == 2

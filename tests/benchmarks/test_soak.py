@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from rich.console import Console
-
 from agent_rl.benchmarks.soak import growth_per_100, process_sample, soak, verdict
+from rich.console import Console
 
 
 def test_growth_is_the_least_squares_slope_per_100_iterations_with_its_t_interval():
@@ -40,9 +39,20 @@ def test_a_process_sample_reads_this_process():
 
 @pytest.mark.slow
 def test_a_short_soak_records_every_iteration_and_holds_its_descriptors(tmp_path):
-    tiny_maze = "env.kwargs={n_rooms: 2, n_locked_doors: 0, dead_ends: 0, extra_edges: 0, n_distractors: 0, max_steps: 4}"
-    overrides = [tiny_maze, "engine=hf", "rollout.max_turns=3", "rollout.max_new_tokens=8", "sft.steps=2", "sft.episodes=2",
-                 "trainer.eval_episodes=2", "trainer.eval_every=2", "logging.tensorboard=true"]
+    tiny_maze = (
+        "env.kwargs={n_rooms: 2, n_locked_doors: 0, dead_ends: 0, extra_edges: 0, n_distractors: 0, max_steps: 4}"
+    )
+    overrides = [
+        tiny_maze,
+        "engine=hf",
+        "rollout.max_turns=3",
+        "rollout.max_new_tokens=8",
+        "sft.steps=2",
+        "sft.episodes=2",
+        "trainer.eval_episodes=2",
+        "trainer.eval_every=2",
+        "logging.tensorboard=true",
+    ]
     result = soak(6, 1, overrides, tmp_path / "run", Console(quiet=True))
     assert [s["iteration"] for s in result["samples"]] == [0, 1, 2, 3, 4, 5, 6]
     assert result["summary"]["iterations"] == 6

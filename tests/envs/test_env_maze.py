@@ -5,12 +5,11 @@ from __future__ import annotations
 import copy
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from agent_rl.envs import check_text_env, oracle_actions
 from agent_rl.envs.base import clean_observation
 from agent_rl.envs.maze import DIRECTIONS, HELD, OPPOSITE, MazeEnv
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 SETTINGS = [
     dict(n_rooms=4, n_locked_doors=1, extra_edges=0, dead_ends=1, n_distractors=0),
@@ -122,9 +121,32 @@ def test_look_and_inventory_keep_the_anchor_and_describe_the_room():
 
 @pytest.mark.parametrize(
     "action",
-    ["", "   ", "\x00", "\x1b[2J", "quit", "restart", "save", "#", "/quit", "*", ";", "dance", "go up",
-     "go nowhere", "take unicorn", "drop brass key", "unlock north door with", "unlock up door with brass key",
-     "🙂", "迷宫", "x" * 100_000, None, 123, b"look"],
+    [
+        "",
+        "   ",
+        "\x00",
+        "\x1b[2J",
+        "quit",
+        "restart",
+        "save",
+        "#",
+        "/quit",
+        "*",
+        ";",
+        "dance",
+        "go up",
+        "go nowhere",
+        "take unicorn",
+        "drop brass key",
+        "unlock north door with",
+        "unlock up door with brass key",
+        "🙂",
+        "迷宫",
+        "x" * 100_000,
+        None,
+        123,
+        b"look",
+    ],
 )
 def test_hostile_input_is_invalid_and_changes_nothing(action):
     env = MazeEnv()
@@ -254,7 +276,9 @@ def test_random_play_keeps_invariants(seed, choices):
             assert valid == (command in info["admissible_actions"]), command
         held = {env.world.item_names[i] for i, room in enumerate(env._items) if room == HELD}
         assert all(f"drop {name}" in info["admissible_actions"] for name in held)
-        observation, _, terminated, _, info = env.step(info["admissible_actions"][choice % len(info["admissible_actions"])])
+        observation, _, terminated, _, info = env.step(
+            info["admissible_actions"][choice % len(info["admissible_actions"])]
+        )
         assert observation in env.observation_space
         if terminated:
             return

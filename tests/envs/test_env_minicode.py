@@ -8,10 +8,6 @@ import re
 import gymnasium as gym
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from agent_rl import envs
 from agent_rl.envs import check_text_env, oracle_actions
 from agent_rl.envs.base import clean_observation
 from agent_rl.envs.minicode import TEMPLATES, MiniCodeEnv, flawed_draft
@@ -24,6 +20,10 @@ from agent_rl.envs.minicode_lang import (
     compile_program,
     run,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent_rl import envs
 
 
 def execute(source: str, inputs: tuple[int, ...] = (), names: tuple[str, ...] = ()) -> list:
@@ -153,7 +153,22 @@ def test_literal_limits():
     assert "out of range" in error_of("9" * 100_000).message  # never handed to int()
 
 
-WORDS = sorted(SIMPLE_WORDS) + ["if", "else", "then", "times", "end", "true", "false", "x", "y", "0", "1", "-3", "7", "??"]
+WORDS = sorted(SIMPLE_WORDS) + [
+    "if",
+    "else",
+    "then",
+    "times",
+    "end",
+    "true",
+    "false",
+    "x",
+    "y",
+    "0",
+    "1",
+    "-3",
+    "7",
+    "??",
+]
 
 
 @settings(max_examples=300, deadline=None)
@@ -181,16 +196,24 @@ def test_template_solution_matches_reference_semantics(template):
     rng = np.random.default_rng(0)
     for _ in range(100):
         constants = {n: int(rng.integers(lo, hi + 1)) for n, (lo, hi) in template.constants.items()}
-        inputs = tuple(int(v) for v in rng.integers(template.input_range[0], template.input_range[1] + 1, len(template.inputs)))
-        assert execute(template.solution.format(**constants), inputs, template.inputs) == [template.expected(constants, inputs)]
+        inputs = tuple(
+            int(v) for v in rng.integers(template.input_range[0], template.input_range[1] + 1, len(template.inputs))
+        )
+        assert execute(template.solution.format(**constants), inputs, template.inputs) == [
+            template.expected(constants, inputs)
+        ]
     for bound in template.input_range:  # both ends of the input range
         inputs = (bound,) * len(template.inputs)
         constants = {n: hi for n, (lo, hi) in template.constants.items()}
-        assert execute(template.solution.format(**constants), inputs, template.inputs) == [template.expected(constants, inputs)]
+        assert execute(template.solution.format(**constants), inputs, template.inputs) == [
+            template.expected(constants, inputs)
+        ]
 
 
 # ---- the environment ---------------------------------------------------------------------------
-@pytest.mark.parametrize("kwargs", [dict(level=1), dict(level=2), dict(level=3, n_tests=12), dict(level=1, reference=False, oracle="drafts")])
+@pytest.mark.parametrize(
+    "kwargs", [dict(level=1), dict(level=2), dict(level=3, n_tests=12), dict(level=1, reference=False, oracle="drafts")]
+)
 def test_checker_passes(kwargs):
     assert check_text_env(MiniCodeEnv(**kwargs)).checks[-1] == "usable_after_fuzz"
 
@@ -201,7 +224,9 @@ def test_checker_passes_through_gymnasium_make():
     assert envs.text_env_spec("agent_rl/MiniCode-v0").default_anchor == "fingerprint"
 
 
-@pytest.mark.parametrize("kwargs", [dict(level=1), dict(level=2), dict(level=3), dict(level=2, n_tests=1), dict(level=3, n_tests=30)])
+@pytest.mark.parametrize(
+    "kwargs", [dict(level=1), dict(level=2), dict(level=3), dict(level=2, n_tests=1), dict(level=3, n_tests=30)]
+)
 def test_oracle_wins_on_20_seeds(kwargs):
     env = MiniCodeEnv(**kwargs)
     for seed in range(20):
@@ -249,7 +274,9 @@ def test_feedback_kinds_validity_and_anchor():
     assert info["action_valid"] and not info["won"]
     assert observation == f"test 1/5 (a={a}, b={b}) failed: expected {expected}, got {a + b}"
     observation, _, _, _, info = env.step("a b 0 div")
-    assert info["action_valid"] and observation.startswith(f"test 1/5 (a={a}, b={b}) failed with an error:\nprogram:1:7: runtime error")
+    assert info["action_valid"] and observation.startswith(
+        f"test 1/5 (a={a}, b={b}) failed with an error:\nprogram:1:7: runtime error"
+    )
     observation, _, _, _, info = env.step("a b")
     assert "left 2 values on the stack" in observation and f"[{a} {b}]" in observation
     observation, _, _, _, info = env.step("a b gt")

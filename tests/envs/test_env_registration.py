@@ -11,11 +11,11 @@ from pathlib import Path
 
 import gymnasium as gym
 import pytest
+from agent_rl.envs.cli import parse_env_kwargs
+from agent_rl.envs.maze import MazeEnv
 
 from agent_rl import envs
 from agent_rl.cli import main
-from agent_rl.envs.cli import parse_env_kwargs
-from agent_rl.envs.maze import MazeEnv
 
 TESTS_DIR = Path(__file__).resolve().parents[1]  # tests/, which holds user_env_example.py
 BUNDLED = ["agent_rl/Maze-v0", "agent_rl/Sokoban-v0", "agent_rl/TextWorld-v0", "agent_rl/MiniCode-v0"]
@@ -31,7 +31,11 @@ def user_module(monkeypatch):
 
 
 def _subprocess_env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]), "COLUMNS": "200"}
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]),
+        "COLUMNS": "200",
+    }
 
 
 def test_bundled_envs_are_registered_with_descriptions():
@@ -135,7 +139,18 @@ def test_play_rejects_unknown_envs_and_bad_arguments(monkeypatch, capsys):
 
 def test_play_as_a_real_process_reads_stdin():
     result = subprocess.run(
-        [sys.executable, "-m", "agent_rl.cli", "play", "agent_rl/Sokoban-v0", "width=6", "height=6", "n_boxes=1", "--seed", "2"],
+        [
+            sys.executable,
+            "-m",
+            "agent_rl.cli",
+            "play",
+            "agent_rl/Sokoban-v0",
+            "width=6",
+            "height=6",
+            "n_boxes=1",
+            "--seed",
+            "2",
+        ],
         input="left\nright\n",
         capture_output=True,
         text=True,

@@ -10,14 +10,18 @@ import shutil
 
 import gymnasium as gym
 import pytest
-
 from agent_rl.envs import EVAL_SEED_BASE, EnvUnavailableError, check_text_env, oracle_actions
 from agent_rl.envs.checker import HOSTILE_ACTIONS
 
 pytest.importorskip("scienceworld")
 
-from agent_rl.envs.scienceworld_env import ALWAYS_SHOWN, ScienceWorldEnv, check_simplifications, resolve_task, task_names  # noqa: E402
-
+from agent_rl.envs.scienceworld_env import (
+    ALWAYS_SHOWN,
+    ScienceWorldEnv,
+    check_simplifications,
+    resolve_task,
+    task_names,
+)  # noqa: E402
 
 needs_java = pytest.mark.skipif(shutil.which("java") is None, reason="ScienceWorld's simulator needs Java")
 
@@ -40,7 +44,11 @@ def test_checker_passes(env):
 def test_task_names_ids_and_indices():
     names = task_names()
     assert len(names) == 30 and names[0] == "boil" and names[-1] == "mendelian-genetics-unknown-plant"
-    assert resolve_task(0) == "boil" and resolve_task("4-3") == "find-plant" and resolve_task(" find-plant ") == "find-plant"
+    assert (
+        resolve_task(0) == "boil"
+        and resolve_task("4-3") == "find-plant"
+        and resolve_task(" find-plant ") == "find-plant"
+    )
     assert resolve_task("Matter Changes of State (Boiling)") == "boil"  # the paper's name
 
 
@@ -63,7 +71,9 @@ def test_simplifications_are_checked():
 
 def test_missing_java_says_how_to_install_it(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))  # no java on PATH
-    with pytest.raises(EnvUnavailableError, match=r"no `java` executable was found on PATH.*apt-get install default-jre-headless"):
+    with pytest.raises(
+        EnvUnavailableError, match=r"no `java` executable was found on PATH.*apt-get install default-jre-headless"
+    ):
         ScienceWorldEnv(task="boil")
     with pytest.raises(EnvUnavailableError):
         gym.make("agent_rl/ScienceWorld-v0")
@@ -153,7 +163,9 @@ def test_an_ambiguous_action_asks_which_one_and_the_numbers_answer():
     assert info["action_valid"] and observation.startswith("Ambiguous request: Please enter the number")
     options = info["admissible_actions"]
     assert options[:2] == ["0", "1"] and options == [str(i) for i in range(len(options))] and info["anchor"] != anchor
-    observation, _, _, _, info = environment.step("look around")  # not a number: cancels the question, as in ScienceWorld
+    observation, _, _, _, info = environment.step(
+        "look around"
+    )  # not a number: cancels the question, as in ScienceWorld
     assert not info["action_valid"] and info["error"].startswith("Unknown action.")
     assert observation.startswith("That cancelled ScienceWorld's question")
     assert info["admissible_actions"][0] == "inventory"
@@ -171,7 +183,9 @@ def test_an_ambiguous_action_asks_which_one_and_the_numbers_answer():
 
 def test_failing_the_task_terminates_without_a_win(env):
     _, info = env.reset(seed=2)
-    wrong = next(a for a in info["admissible_actions"] if a.startswith("focus on ") and "plant" not in a and "tree" not in a)
+    wrong = next(
+        a for a in info["admissible_actions"] if a.startswith("focus on ") and "plant" not in a and "tree" not in a
+    )
     _, reward, terminated, _, info = env.step(wrong)  # focusing on a non-plant fails find-plant
     assert terminated and not info["won"] and info["score"] < 0
     assert reward == pytest.approx(-8 / 100)  # from the first look's 8 points (of 100) down to 0: scores clip at 0
@@ -212,7 +226,11 @@ def test_hostile_input_never_reaches_the_simulator(env, monkeypatch):
     env.reset(seed=0)
     sent = []
     original = env._call
-    monkeypatch.setattr(env, "_call", lambda method, *args: (sent.append(args[0]) if method == "step" else None, original(method, *args))[1])
+    monkeypatch.setattr(
+        env,
+        "_call",
+        lambda method, *args: (sent.append(args[0]) if method == "step" else None, original(method, *args))[1],
+    )
     for action in [*HOSTILE_ACTIONS, "reset task", "reset", "look", "focus on the unicorn", "task"]:
         _, _, terminated, _, info = env.step(action)
         assert not terminated
@@ -249,15 +267,26 @@ def test_close_stops_the_java_process():
 @needs_java
 @pytest.mark.slow
 def test_one_training_iteration_through_the_cli(tmp_path):
+    from agent_rl.training.infra.logger import read_metrics
+    from tiny_train import TINY_TRAIN  # tests/envs
+
     from agent_rl.cli import main
     from agent_rl.config import load_config
-    from tiny_train import TINY_TRAIN  # tests/envs
-    from agent_rl.training.infra.logger import read_metrics
 
     run_dir = tmp_path / "scienceworld"
     overrides = [*TINY_TRAIN, "rollout.n_groups=1", "sft.episodes=1"]  # every environment is a Java process
-    assert main(["train", "env.id=agent_rl/ScienceWorld-v0", "env.kwargs={task: find-plant, max_steps: 4}",
-                 f"trainer.run_dir={run_dir}", *overrides]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "env.id=agent_rl/ScienceWorld-v0",
+                "env.kwargs={task: find-plant, max_steps: 4}",
+                f"trainer.run_dir={run_dir}",
+                *overrides,
+            ]
+        )
+        == 0
+    )
     records = read_metrics(run_dir)
     assert [r["iteration"] for r in records] == [0, 1] and records[0]["sft/pairs"] > 0
     assert load_config(run_dir / "config.yaml").sft.mode == "oracle"  # auto: the gold path

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import copy
 
-import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 import agent_rl.envs.sokoban as sokoban
+import pytest
 from agent_rl.envs import check_text_env, oracle_actions
 from agent_rl.envs.sokoban import UNREACHABLE, SokobanEnv, SokobanLevel, generate_level, push_distances, solve
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 SETTINGS = [
     dict(width=6, height=6, n_boxes=1, reverse_steps=30),
@@ -172,7 +171,9 @@ def test_generation_is_deterministic_and_seed_dependent():
     assert len({SokobanEnv().reset(seed=seed)[0] for seed in range(10)}) > 5
 
 
-@pytest.mark.parametrize("action", ["", " ", "\x00", "\x1b[2J", "quit", "undo", "#", "upp", "north-east", "🙂", "x" * 100_000, None, 7])
+@pytest.mark.parametrize(
+    "action", ["", " ", "\x00", "\x1b[2J", "quit", "undo", "#", "upp", "north-east", "🙂", "x" * 100_000, None, 7]
+)
 def test_hostile_input_is_invalid(action):
     env = SokobanEnv()
     _, info = env.reset(seed=3)

@@ -9,12 +9,12 @@ import shutil
 import subprocess
 import sys
 
+import agent_rl.envs.registration as registration
 import gymnasium as gym
 import pytest
-
-import agent_rl.envs.registration as registration
-from agent_rl.cli import main
 from agent_rl.envs import text_env_specs, unavailable_envs
+
+from agent_rl.cli import main
 
 pytest.importorskip("textarena")
 pytest.importorskip("scienceworld")
@@ -41,7 +41,11 @@ def test_installed_suites_are_registered():
 
 def test_missing_extras_are_listed_as_unavailable(monkeypatch, capsys):
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("scienceworld", "textarena") else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name in ("scienceworld", "textarena") else real_find_spec(name, *a),
+    )
     monkeypatch.setattr(registration, "_UNAVAILABLE", {})
     registration.register_suites()
     assert registration._UNAVAILABLE == {
@@ -62,7 +66,12 @@ def test_registering_imports_neither_suite():
 def test_agent_rl_envs_lists_the_suites_and_what_is_left_out(monkeypatch, capsys):
     code, out = _run(monkeypatch, capsys, ["envs"])
     assert code == 0
-    for env_id in ("agent_rl/ScienceWorld-v0", "textarena/Sokoban-v0", "textarena/GuessTheNumber-v0", "textarena/Minesweeper-v0-small"):
+    for env_id in (
+        "agent_rl/ScienceWorld-v0",
+        "textarena/Sokoban-v0",
+        "textarena/GuessTheNumber-v0",
+        "textarena/Minesweeper-v0-small",
+    ):
         assert env_id in out
     assert "Not available here" in out and "textarena/Wordle-v0" in out and "needs NLTK data from the network" in out
     assert "two or more players" in out
@@ -87,6 +96,8 @@ def test_play_refuses_a_network_data_game_clearly(monkeypatch, capsys):
 
 @pytest.mark.skipif(shutil.which("java") is None, reason="ScienceWorld needs Java")
 def test_play_scienceworld(monkeypatch, capsys):
-    code, out = _run(monkeypatch, capsys, ["play", "agent_rl/ScienceWorld-v0", "task=boil"], "look around\nquit\n:quit\n")
+    code, out = _run(
+        monkeypatch, capsys, ["play", "agent_rl/ScienceWorld-v0", "task=boil"], "look around\nquit\n:quit\n"
+    )
     assert code == 0 and "Task: Your task is to boil" in out and "Actions: inventory | look around" in out
     assert "is not a ScienceWorld action here" in out and "bye" in out

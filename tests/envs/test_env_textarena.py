@@ -9,15 +9,28 @@ import sys
 
 import gymnasium as gym
 import pytest
-
-from agent_rl.envs import EVAL_SEED_BASE, EnvUnavailableError, check_text_env, instance_split, oracle_actions, unavailable_envs
+from agent_rl.envs import (
+    EVAL_SEED_BASE,
+    EnvUnavailableError,
+    check_text_env,
+    instance_split,
+    oracle_actions,
+    unavailable_envs,
+)
 from agent_rl.envs.checker import HOSTILE_ACTIONS
 
 pytest.importorskip("textarena")
 
 from agent_rl.envs.textarena_env import GAMES, NETWORK_DATA, TextArenaEnv  # noqa: E402
 
-WITH_ORACLE = ["Sokoban-v0", "FrozenLake-v0", "FrozenLake-v0-random", "TowerOfHanoi-v0-medium", "GuessTheNumber-v0", "GuessTheNumber-v0-hardcore"]
+WITH_ORACLE = [
+    "Sokoban-v0",
+    "FrozenLake-v0",
+    "FrozenLake-v0-random",
+    "TowerOfHanoi-v0-medium",
+    "GuessTheNumber-v0",
+    "GuessTheNumber-v0-hardcore",
+]
 
 
 @pytest.mark.parametrize("game", [pytest.param(g, marks=pytest.mark.slow) if g == "Sokoban-v0" else g for g in GAMES])
@@ -241,10 +254,11 @@ def test_sokoban_box_on_goal_stays_in_the_charset():
 
 
 def test_one_training_iteration_through_the_cli(tmp_path):
+    from agent_rl.training.infra.logger import read_metrics
+    from tiny_train import TINY_TRAIN  # tests/envs
+
     from agent_rl.cli import main
     from agent_rl.config import load_config
-    from tiny_train import TINY_TRAIN  # tests/envs
-    from agent_rl.training.infra.logger import read_metrics
 
     run_dir = tmp_path / "hanoi"
     assert main(["train", "env.id=textarena/TowerOfHanoi-v0", f"trainer.run_dir={run_dir}", *TINY_TRAIN]) == 0

@@ -9,13 +9,10 @@ import random
 import shutil
 from dataclasses import replace
 
+import agent_rl.envs.textworld_env as tw_env
 import gymnasium as gym
 import pytest
 import textworld
-from textworld.generator import QuestGenerationError
-from textworld.generator.game import GameOptions
-
-import agent_rl.envs.textworld_env as tw_env
 from agent_rl.envs import EVAL_SEED_BASE, check_text_env, oracle_actions
 from agent_rl.envs.textworld_env import (
     GENERATION_TRIES,
@@ -26,6 +23,8 @@ from agent_rl.envs.textworld_env import (
     ensure_game,
     game_identity,
 )
+from textworld.generator import QuestGenerationError
+from textworld.generator.game import GameOptions
 
 # Small games (1-3 rooms): each takes about 1-2 s to generate, once per test session.
 COIN = dict(kind="coin_collector", level=2, n_games=2)
@@ -132,9 +131,29 @@ def test_anchor_returns_after_going_back(coin_env):
 
 
 HOSTILE = [
-    "", "   ", "quit", "restart", "save", "restore", "undo", "script", "verbose", "again", "q",
-    "tw-extra-infos moves", "tw-trace-actions", ">look", "*save", "#quit", "/quit",
-    "take the moon", "go nowhere", "x" * 100_000, "\x00\x1b[2J", "🙂", "look\nquit",
+    "",
+    "   ",
+    "quit",
+    "restart",
+    "save",
+    "restore",
+    "undo",
+    "script",
+    "verbose",
+    "again",
+    "q",
+    "tw-extra-infos moves",
+    "tw-trace-actions",
+    ">look",
+    "*save",
+    "#quit",
+    "/quit",
+    "take the moon",
+    "go nowhere",
+    "x" * 100_000,
+    "\x00\x1b[2J",
+    "🙂",
+    "look\nquit",
 ]
 
 
@@ -154,7 +173,9 @@ def test_hostile_input_is_rejected_without_reaching_the_interpreter(coin_env):
             assert not info["action_valid"] and info["error"], action
             assert observation in coin_env.observation_space and "Admissible commands:" in observation
             assert info["anchor"] == anchor and not (terminated or truncated)
-        assert coin_env.step("quit")[4]["error"] == "'quit' is an interpreter command; it is disabled in this environment."
+        assert (
+            coin_env.step("quit")[4]["error"] == "'quit' is an interpreter command; it is disabled in this environment."
+        )
     finally:
         interpreter.step = original_step
     assert sent == ["look"]
@@ -176,15 +197,25 @@ def test_clean_feedback():
         "There is an exit.\n\n>                     -= Attic =-0/3"
     )
     assert clean_feedback(raw) == "Welcome! Do things.\n\n-= Attic =-\nAn attic.\n\nThere is an exit."
-    end = "You win.\n\n        *** The End ***\nWould you like to RESTART, RESTORE a saved game, QUIT or UNDO the last command?\n>  -= A =-1/2"
+    end = (
+        "You win.\n\n        *** The End ***\n"
+        "Would you like to RESTART, RESTORE a saved game, QUIT or UNDO the last command?\n>  -= A =-1/2"
+    )
     assert clean_feedback(end) == "You win.\n\n*** The End ***"
 
 
 def test_cache_key_covers_every_parameter(monkeypatch):
     base = GameSpec(kind="custom", level=0, world_size=2, nb_objects=2, quest_length=3, game_seed=0, index=0)
     variants = [
-        dict(kind="coin_collector"), dict(level=1), dict(world_size=3), dict(nb_objects=1),
-        dict(quest_length=2), dict(game_seed=1), dict(index=1), dict(split="eval"), dict(redraw=1),
+        dict(kind="coin_collector"),
+        dict(level=1),
+        dict(world_size=3),
+        dict(nb_objects=1),
+        dict(quest_length=2),
+        dict(game_seed=1),
+        dict(index=1),
+        dict(split="eval"),
+        dict(redraw=1),
     ]
     keys = {base.key()} | {GameSpec(**{**base.__dict__, **change}).key() for change in variants}
     assert len(keys) == len(variants) + 1
@@ -279,6 +310,7 @@ def test_bad_knobs_are_rejected(kwargs, message):
 
 # ---- the held-out evaluation pool ---------------------------------------------------------------------
 
+
 def test_evaluation_seeds_play_a_pool_disjoint_from_training(coin_env):
     training = {game_identity(spec) for spec in coin_env.specs}
     held_out_specs = [coin_env.eval_spec(i) for i in range(COIN["n_games"])]
@@ -303,7 +335,11 @@ def test_game_identity_is_the_game_not_the_file(coin_env, game_cache):
     assert game_identity(copy) == game_identity(spec)
     games = [textworld.Game.load(str(ensure_game(s).with_name("game.json"))) for s in coin_env.specs]
     worlds = [
-        (sorted(map(str, game.world.facts)), {k: v.name for k, v in game.infos.items()}, [q.commands for q in game.quests])
+        (
+            sorted(map(str, game.world.facts)),
+            {k: v.name for k, v in game.infos.items()},
+            [q.commands for q in game.quests],
+        )
         for game in games
     ]
     assert (worlds[0] == worlds[1]) == (game_identity(coin_env.specs[0]) == game_identity(coin_env.specs[1]))
@@ -317,13 +353,21 @@ def test_game_identity_is_the_game_not_the_file(coin_env, game_cache):
 def test_a_held_out_candidate_equal_to_a_training_game_is_regenerated(monkeypatch):
     env = TextWorldEnv(**COIN)
     candidate = [replace(env.specs[0], split="eval", redraw=redraw) for redraw in range(3)]
-    fake = {env.specs[0]: "game A", env.specs[1]: "game B", candidate[0]: "game B", candidate[1]: "game A", candidate[2]: "C"}
+    fake = {
+        env.specs[0]: "game A",
+        env.specs[1]: "game B",
+        candidate[0]: "game B",
+        candidate[1]: "game A",
+        candidate[2]: "C",
+    }
     asked = []
     monkeypatch.setattr(tw_env, "game_identity", lambda spec: asked.append(spec) or fake[spec])
     assert env.eval_spec(0) == candidate[2]
     assert env.eval_spec(0) == candidate[2] and len(asked) == 5  # remembered
     monkeypatch.setattr(tw_env, "game_identity", lambda spec: asked.append(spec) or "game A")
-    with pytest.raises(RuntimeError, match=f"{HELDOUT_TRIES} candidates for held-out game 1 all equal a game of the training pool"):
+    with pytest.raises(
+        RuntimeError, match=f"{HELDOUT_TRIES} candidates for held-out game 1 all equal a game of the training pool"
+    ):
         env.eval_spec(1)
     assert len(asked) == 5 + HELDOUT_TRIES
 
@@ -331,7 +375,11 @@ def test_a_held_out_candidate_equal_to_a_training_game_is_regenerated(monkeypatc
 def test_held_out_games_use_their_own_internal_seeds():
     spec = GameSpec(kind="coin_collector", level=2, world_size=0, nb_objects=0, quest_length=0, game_seed=0, index=1)
     assert [spec.internal_seed(k) for k in range(3)] == [1538626058, 2039154174, 484808835]  # training games unchanged
-    held_out = {replace(spec, split="eval", redraw=r).internal_seed(k) for r in range(4) for k in range(GENERATION_TRIES)}
-    assert len(held_out) == 4 * GENERATION_TRIES and not held_out & {spec.internal_seed(k) for k in range(GENERATION_TRIES)}
+    held_out = {
+        replace(spec, split="eval", redraw=r).internal_seed(k) for r in range(4) for k in range(GENERATION_TRIES)
+    }
+    assert len(held_out) == 4 * GENERATION_TRIES and not held_out & {
+        spec.internal_seed(k) for k in range(GENERATION_TRIES)
+    }
     with pytest.raises(ValueError, match="split must be 'train' or 'eval'"):
         replace(spec, split="test")

@@ -13,17 +13,16 @@ import string
 import gymnasium as gym
 import pytest
 import yaml
-from gymnasium import spaces
-
-from agent_rl.cli import main
-from agent_rl.config import Config, ConfigError, load_config
 from agent_rl.envs import auto_sft_mode, check_text_env
-from agent_rl.training.serving.envpool import LocalEnvPool, env_factory
 from agent_rl.training.infra.logger import read_metrics
 from agent_rl.training.infra.resolution import resolve
 from agent_rl.training.loop.rollout import Move, PlayStats, play_episodes
-
+from agent_rl.training.serving.envpool import LocalEnvPool, env_factory
+from gymnasium import spaces
 from tiny_train import TINY_TRAIN  # tests/envs
+
+from agent_rl.cli import main
+from agent_rl.config import Config, ConfigError, load_config
 
 LOCK_ID = f"{__name__}:userpkg/Lock-v0"
 """Gymnasium imports this module (which registers the env), then makes it."""
@@ -73,7 +72,6 @@ gym.register("userpkg/Lock-v0", entry_point=f"{__name__}:Lock")
 gym.register("userpkg/ListedLock-v0", entry_point=f"{__name__}:ListedLock")
 
 
-
 def test_plain_gymnasium_env_trains_evaluates_and_plays_through_the_cli(tmp_path, capsys, monkeypatch):
     run_dir = tmp_path / "lock"
     assert main(["train", f"env.id={LOCK_ID}", f"trainer.run_dir={run_dir}", *TINY_TRAIN]) == 0
@@ -82,7 +80,9 @@ def test_plain_gymnasium_env_trains_evaluates_and_plays_through_the_cli(tmp_path
     assert "eval/greedy_success" in records[0] and "rollout/success_rate" in records[1]
     assert "sft/pairs" not in records[0]  # no oracle, no admissible actions: no warm start
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert saved["sft"]["mode"] == "none" and saved["env"]["kwargs"] == {} and saved["env"]["anchor_key"] == "observation"
+    assert (
+        saved["sft"]["mode"] == "none" and saved["env"]["kwargs"] == {} and saved["env"]["anchor_key"] == "observation"
+    )
     out = tmp_path / "eval.json"
     assert main(["eval", str(run_dir), "--checkpoint", "last", "--episodes", "2", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["env"] == LOCK_ID
@@ -94,8 +94,18 @@ def test_plain_gymnasium_env_trains_evaluates_and_plays_through_the_cli(tmp_path
 
 def test_listed_actions_without_an_oracle_warm_start_on_random_actions(tmp_path):
     run_dir = tmp_path / "listed"
-    assert main(["train", f"env.id={__name__}:userpkg/ListedLock-v0", f"trainer.run_dir={run_dir}",
-                 *[o for o in TINY_TRAIN if o != "trainer.iterations=1"], "trainer.iterations=0"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                f"env.id={__name__}:userpkg/ListedLock-v0",
+                f"trainer.run_dir={run_dir}",
+                *[o for o in TINY_TRAIN if o != "trainer.iterations=1"],
+                "trainer.iterations=0",
+            ]
+        )
+        == 0
+    )
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["sft"]["mode"] == "random"
     (record,) = read_metrics(run_dir)
     assert record["sft/pairs"] > 0
@@ -105,7 +115,9 @@ def test_auto_sft_mode_follows_what_the_environment_offers():
     assert resolve(Config()).sft.mode == "oracle"  # the Maze plans
     assert resolve(load_config(overrides=[f"env.id={__name__}:userpkg/ListedLock-v0"])).sft.mode == "random"
     assert resolve(load_config(overrides=[f"env.id={LOCK_ID}"])).sft.mode == "none"
-    assert resolve(load_config(overrides=[f"env.id={LOCK_ID}", "sft.mode=random"])).sft.mode == "random"  # explicit stays
+    assert (
+        resolve(load_config(overrides=[f"env.id={LOCK_ID}", "sft.mode=random"])).sft.mode == "random"
+    )  # explicit stays
     textarena = pytest.importorskip("textarena")
     del textarena
     # An oracle() that raises NotImplementedError (a TextArena game without one) is no oracle.
@@ -132,7 +144,8 @@ def test_the_trainer_falls_back_for_missing_info_keys():
     rows = opened.rows + stuck.rows
     assert all(row["action_valid"] for row in rows) and all(row["error"] is None for row in rows)
     assert [row["anchor_state"] for row in stuck.rows] == [
-        "A lock with 3 digits. Guess the code, e.g. 123.", "Guess no digits: 0 digit(s) in place."
+        "A lock with 3 digits. Guess the code, e.g. 123.",
+        "Guess no digits: 0 digit(s) in place.",
     ]
 
 
@@ -144,19 +157,36 @@ def test_checker_takes_the_module_form_and_lists_the_missing_info_keys():
 
 def test_kwargs_the_environment_refuses_are_a_config_error(tmp_path, capsys):
     config = load_config(overrides=[f"env.id={LOCK_ID}", "env.kwargs.n_rooms=4"])
-    with pytest.raises(ConfigError, match=r"config keys 'env.id' and 'env.kwargs': gymnasium.make\(.*\) failed: "
-                       r"TypeError: .*unexpected keyword argument 'n_rooms'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"config keys 'env.id' and 'env.kwargs': gymnasium.make\(.*\) failed: "
+        r"TypeError: .*unexpected keyword argument 'n_rooms'",
+    ):
         env_factory(config)
     run_dir = tmp_path / "refused"
-    assert main(["train", "--import", __name__, "env.id=userpkg/Lock-v0", "env.kwargs={n_rooms: 4}",
-                 f"trainer.run_dir={run_dir}", *TINY_TRAIN]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--import",
+                __name__,
+                "env.id=userpkg/Lock-v0",
+                "env.kwargs={n_rooms: 4}",
+                f"trainer.run_dir={run_dir}",
+                *TINY_TRAIN,
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.startswith("agent-rl: error: config keys 'env.id' and 'env.kwargs'") and "Traceback" not in err
     assert "n_rooms" in err and not run_dir.exists()  # refused before the run directory is claimed
 
 
 def test_an_unknown_module_or_id_is_a_config_error():
-    with pytest.raises(ConfigError, match="config key 'env.id' 'no_such_module_xyz:userpkg/Lock-v0'.*no_such_module_xyz"):
+    with pytest.raises(
+        ConfigError, match="config key 'env.id' 'no_such_module_xyz:userpkg/Lock-v0'.*no_such_module_xyz"
+    ):
         env_factory(load_config(overrides=["env.id=no_such_module_xyz:userpkg/Lock-v0"]))
     with pytest.raises(ConfigError, match=f"unknown environment '{__name__}:userpkg/Nope-v0'"):
         env_factory(load_config(overrides=[f"env.id={__name__}:userpkg/Nope-v0"]))

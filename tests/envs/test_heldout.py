@@ -12,11 +12,10 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+import agent_rl.envs.base
 import gymnasium as gym
 import networkx as nx
 import pytest
-
-import agent_rl.envs.base
 from agent_rl.envs import EVAL_SEED_BASE, TextEnv, Transition, check_text_env, instance_split, seed_split
 from agent_rl.envs.maze import MazeEnv, generate_world
 from agent_rl.envs.minicode import MiniCodeEnv
@@ -45,7 +44,11 @@ def keys_of(env: TextEnv, seeds) -> list[str]:
 def test_seed_convention():
     assert EVAL_SEED_BASE == 2**31
     assert [seed_split(s) for s in (None, 0, EVAL_SEED_BASE - 1, EVAL_SEED_BASE, EVAL_SEED_BASE + 7)] == [
-        "train", "train", "train", "eval", "eval",
+        "train",
+        "train",
+        "train",
+        "eval",
+        "eval",
     ]
     # the low bit of a one-byte blake2b digest, the same on every run and machine: 0x2e for "", 0xde for "a"
     assert instance_split("") == "train" and instance_split("a") == "train" and instance_split("b") == "eval"
@@ -99,6 +102,7 @@ def test_the_key_describes_the_instance_not_the_state():
 
 
 # ---- canonical keys ----------------------------------------------------------------------------------
+
 
 def _maze_world():
     return generate_world(random.Random(5), n_rooms=6, n_locked_doors=2, extra_edges=1, dead_ends=1, n_distractors=1)
@@ -180,6 +184,7 @@ def test_minicode_keys_are_equal_exactly_for_equal_tasks():
 
 # ---- user environments -------------------------------------------------------------------------------
 
+
 class GuessEnv(TextEnv):
     """A user environment without ``instance_key``: guess a seeded number in 1..20."""
 
@@ -232,6 +237,8 @@ def test_an_unreachable_split_raises_instead_of_looping(monkeypatch):
     reachable = instance_split("the only one")
     env.reset(seed=0 if reachable == "train" else EVAL_SEED_BASE)
     assert len(draws) == 1
-    with pytest.raises(RuntimeError, match=r"OneInstance: none of 1000 generated instances falls in the (train|eval) split"):
+    with pytest.raises(
+        RuntimeError, match=r"OneInstance: none of 1000 generated instances falls in the (train|eval) split"
+    ):
         env.reset(seed=EVAL_SEED_BASE if reachable == "train" else 0)
     assert len(draws) == 1 + agent_rl.envs.base.MAX_SPLIT_DRAWS

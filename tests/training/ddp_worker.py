@@ -8,12 +8,12 @@ import sys
 
 import numpy as np
 import torch
+from agent_rl.training.infra.distributed import all_reduce_gradients, broadcast_ragged, init_distributed
+from agent_rl.training.loop.learner import accumulate_policy_gradient
+from agent_rl.training.models.policy import load_policy
 from safetensors.torch import save_file
 
 from agent_rl.losses import LOSS_PRESETS
-from agent_rl.training.infra.distributed import all_reduce_gradients, broadcast_ragged, init_distributed
-from agent_rl.training.models.policy import load_policy
-from agent_rl.training.loop.learner import accumulate_policy_gradient
 
 
 def fixed_minibatch(vocab_size: int, rows: int = 10, seed: int = 0):
@@ -28,8 +28,15 @@ def fixed_minibatch(vocab_size: int, rows: int = 10, seed: int = 0):
 def gradients(model, prompts, responses, old_logprobs, advantages, loss, shard=(0, 1)):
     model.zero_grad(set_to_none=True)
     accumulate_policy_gradient(
-        model, prompts, responses, old_logprobs, advantages,
-        loss_kwargs={**LOSS_PRESETS[loss], "kl_coef": 0.0, "norm_length": 8}, temperature=1.0, micro_batch_size=3, shard=shard,
+        model,
+        prompts,
+        responses,
+        old_logprobs,
+        advantages,
+        loss_kwargs={**LOSS_PRESETS[loss], "kl_coef": 0.0, "norm_length": 8},
+        temperature=1.0,
+        micro_batch_size=3,
+        shard=shard,
     )
 
 
@@ -46,7 +53,9 @@ def main(out_dir: str, losses: list[str]) -> None:
         gradients(model, prompts, responses, old_logprobs, advantages, loss, shard=(ctx.rank, ctx.world_size))
         all_reduce_gradients(list(model.parameters()), ctx)
         if ctx.is_main:
-            save_file({name: p.grad.contiguous() for name, p in model.named_parameters()}, f"{out_dir}/{loss}.safetensors")
+            save_file(
+                {name: p.grad.contiguous() for name, p in model.named_parameters()}, f"{out_dir}/{loss}.safetensors"
+            )
     torch.distributed.destroy_process_group()
 
 

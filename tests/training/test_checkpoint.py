@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from agent_rl.training.infra import checkpoint as ckpt
 
 
@@ -22,8 +21,14 @@ def _tiny_model_and_tokenizer(seed: int = 0, hidden: int = 16):
 
     torch.manual_seed(seed)
     config = Qwen2Config(
-        vocab_size=32, hidden_size=hidden, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=True,
+        vocab_size=32,
+        hidden_size=hidden,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
     )
     model = Qwen2ForCausalLM(config)
     vocab = {f"w{i}": i for i in range(32)}
@@ -44,9 +49,15 @@ def _train_steps(model, optimizer, steps: int = 2) -> None:
 
 def _save(run_dir: Path, model, tokenizer, optimizer, iteration: int, generators=None, pointers=("last",)):
     return ckpt.save_checkpoint(
-        run_dir, iteration, model=model, tokenizer=tokenizer, optimizer=optimizer,
-        config={"trainer": {"iterations": 4, "seed": 0}}, trainer_state={"best": 0.5},
-        generators=generators or {}, pointers=pointers,
+        run_dir,
+        iteration,
+        model=model,
+        tokenizer=tokenizer,
+        optimizer=optimizer,
+        config={"trainer": {"iterations": 4, "seed": 0}},
+        trainer_state={"best": 0.5},
+        generators=generators or {},
+        pointers=pointers,
     )
 
 
@@ -160,8 +171,11 @@ def test_shape_and_config_mismatch(tmp_path, trained):
         ckpt.restore(found, model=model, optimizer=optimizer, config={"trainer": {"iterations": 4, "seed": 1}})
     # Ignored keys (extending a run) are allowed.
     ckpt.restore(
-        found, model=model, optimizer=optimizer,
-        config={"trainer": {"iterations": 8, "seed": 0}}, ignore_config=("trainer.iterations",),
+        found,
+        model=model,
+        optimizer=optimizer,
+        config={"trainer": {"iterations": 8, "seed": 0}},
+        ignore_config=("trainer.iterations",),
     )
 
 
@@ -182,7 +196,9 @@ def test_checkpoint_bytes_counts_the_weights_once_and_the_optimizer_moments(tmp_
     model, tokenizer, optimizer = trained
     parameters = sum(p.numel() for p in model.parameters())  # the tied embedding once
     # float32 weights and buffers; AdamW keeps exp_avg, exp_avg_sq (float32) and a float32 step per parameter.
-    buffers = sum(b.numel() for b in model.buffers() if b.data_ptr() in {t.data_ptr() for t in model.state_dict().values()})
+    buffers = sum(
+        b.numel() for b in model.buffers() if b.data_ptr() in {t.data_ptr() for t in model.state_dict().values()}
+    )
     n_tensors = len(list(model.parameters()))
     assert ckpt.checkpoint_bytes(model, optimizer) == 4 * (parameters + buffers) + 4 * (2 * parameters + n_tensors)
     assert ckpt.checkpoint_bytes(model, None) == 4 * (parameters + buffers)
@@ -192,8 +208,9 @@ def test_checkpoint_bytes_counts_the_weights_once_and_the_optimizer_moments(tmp_
 
 
 @pytest.mark.parametrize("failing_write", [1, 2, 3])
-def test_a_save_whose_writes_fail_part_way_leaves_the_previous_checkpoint_and_every_pointer(tmp_path, trained,
-                                                                                         monkeypatch, failing_write):
+def test_a_save_whose_writes_fail_part_way_leaves_the_previous_checkpoint_and_every_pointer(
+    tmp_path, trained, monkeypatch, failing_write
+):
     """Writes 1-3: the model, the optimizer tensors, the RNG tensors; the disk fills at one of them."""
     model, tokenizer, optimizer = trained
     _save(tmp_path, model, tokenizer, optimizer, 1, pointers=("last", "best"))
@@ -206,6 +223,7 @@ def test_a_save_whose_writes_fail_part_way_leaves_the_previous_checkpoint_and_ev
             if writes["n"] == failing_write:
                 raise OSError(errno.ENOSPC, "No space left on device")
             return write(*args, **kwargs)
+
         return wrapped
 
     monkeypatch.setattr(ckpt, "save_file", count_then_fail(real_save_file))
@@ -224,13 +242,17 @@ def test_too_little_free_space_is_refused_before_anything_is_written(tmp_path, t
     usage = shutil.disk_usage(tmp_path)
     monkeypatch.setattr(ckpt.shutil, "disk_usage", lambda path: usage._replace(free=1000))
     needed = ckpt.checkpoint_bytes(model, optimizer) / 1e6
-    with pytest.raises(ckpt.CheckpointError, match=f"too little free space. A checkpoint of this run needs about {needed:,.0f} MB"):
+    with pytest.raises(
+        ckpt.CheckpointError, match=f"too little free space. A checkpoint of this run needs about {needed:,.0f} MB"
+    ):
         _save(tmp_path, model, tokenizer, optimizer, 2)
     monkeypatch.undo()
     assert sorted(p.name for p in (tmp_path / ckpt.CHECKPOINTS).iterdir()) == ["iter-000001", "last.json"]
 
 
-def test_a_pointer_that_cannot_be_written_leaves_every_pointer_naming_a_complete_checkpoint(tmp_path, trained, monkeypatch):
+def test_a_pointer_that_cannot_be_written_leaves_every_pointer_naming_a_complete_checkpoint(
+    tmp_path, trained, monkeypatch
+):
     model, tokenizer, optimizer = trained
     _save(tmp_path, model, tokenizer, optimizer, 1, pointers=("last", "best"))
     real_replace = os.replace
@@ -272,11 +294,21 @@ def test_a_missing_or_corrupt_checkpoint_is_refused_with_the_intact_ones_and_the
     config = load_config()
 
     def save(iteration, pointers):
-        ckpt.save_checkpoint(tmp_path, iteration, model=model, tokenizer=tokenizer, optimizer=optimizer,
-                             config=config_to_dict(config), trainer_state={}, pointers=pointers)
+        ckpt.save_checkpoint(
+            tmp_path,
+            iteration,
+            model=model,
+            tokenizer=tokenizer,
+            optimizer=optimizer,
+            config=config_to_dict(config),
+            trainer_state={},
+            pointers=pointers,
+        )
 
     def resume(which="last"):
-        return ckpt.resume_run(tmp_path, config, model=model, optimizer=optimizer, generators={}, may_change=(), which=which)
+        return ckpt.resume_run(
+            tmp_path, config, model=model, optimizer=optimizer, generators={}, may_change=(), which=which
+        )
 
     save(0, ("last", "sft"))
     save(1, ("last", "best"))
@@ -293,7 +325,9 @@ def test_a_missing_or_corrupt_checkpoint_is_refused_with_the_intact_ones_and_the
     assert resume("best")[0] == 1
     (tmp_path / ckpt.CHECKPOINTS / "best.json").unlink()
     (tmp_path / ckpt.CHECKPOINTS / "iter-000000" / "state.json").write_text("{}")
-    with pytest.raises(ckpt.CheckpointError, match="no 'best' checkpoint .* no other intact checkpoint: start a new run"):
+    with pytest.raises(
+        ckpt.CheckpointError, match="no 'best' checkpoint .* no other intact checkpoint: start a new run"
+    ):
         resume("best")
 
 

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
-from ddp_worker import fixed_minibatch, gradients  # beside this file, on pytest's path
 from agent_rl.training.models.policy import load_policy
+from ddp_worker import fixed_minibatch, gradients  # beside this file, on pytest's path
+from safetensors.torch import load_file
 
 
 def _free_port() -> int:
@@ -31,8 +30,18 @@ def two_process_gradients(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ddp_gradients")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-        "--master_port", str(_free_port()), str(Path(__file__).parent / "ddp_worker.py"), str(out), *LOSSES,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(_free_port()),
+        str(Path(__file__).parent / "ddp_worker.py"),
+        str(out),
+        *LOSSES,
     ]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -68,15 +77,17 @@ def test_two_learners_train_like_one_and_resume(tmp_path):
     """Rank 0 collects the same rollouts as a single process; the summed gradients are the same, so
     after 2 iterations the weights agree; a 2-process run started and continued with --resume auto
     ends the same."""
-    from test_trainer import tiny_overrides
-
     from agent_rl.training.infra.logger import read_metrics
+    from test_trainer import tiny_overrides
 
     # Both evaluate after every iteration: an evaluation draws engine calls, which seed later sampling.
     single, double = tmp_path / "single", tmp_path / "double"
     assert _train_cli(tiny_overrides(single, "algo=gigpo", "trainer.eval_every=1"), nproc=1).returncode == 0
     # A requeued job: the same command with --resume auto starts the run, then continues it.
-    first = _train_cli(["--resume", "auto", *tiny_overrides(double, "algo=gigpo", "trainer.eval_every=1", "trainer.iterations=1")], nproc=2)
+    first = _train_cli(
+        ["--resume", "auto", *tiny_overrides(double, "algo=gigpo", "trainer.eval_every=1", "trainer.iterations=1")],
+        nproc=2,
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     resumed = _train_cli(["--resume", "auto", *tiny_overrides(double, "algo=gigpo", "trainer.eval_every=1")], nproc=2)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -6,10 +6,9 @@ import copy
 
 import pytest
 import torch
-
-from agent_rl.training.serving.engines import HFEngine, SamplingParams
 from agent_rl.training.loop.learner import sequence_logprobs
 from agent_rl.training.models.policy import load_policy
+from agent_rl.training.serving.engines import HFEngine, SamplingParams
 
 pytestmark = pytest.mark.ray
 
@@ -46,7 +45,9 @@ def test_ray_replicas_match_the_local_engine_before_and_after_a_weight_update(ra
         # Sampled tokens' logprobs are those of the new weights at temperature 0.8.
         logp, mask = sequence_logprobs(changed, prompts, [g[0].token_ids for g in sampled], temperature=0.8)
         for row, group in enumerate(sampled):
-            torch.testing.assert_close(logp[row, : len(group[0].logprobs)], torch.tensor(group[0].logprobs), atol=1e-4, rtol=0)
+            torch.testing.assert_close(
+                logp[row, : len(group[0].logprobs)], torch.tensor(group[0].logprobs), atol=1e-4, rtol=0
+            )
     finally:
         engine.close()
 
@@ -65,14 +66,13 @@ def test_ray_engine_rejects_bad_arguments(ray_local):
 def test_trainer_on_ray_env_actors_matches_the_local_trainer(ray_local, tmp_path):
     """Ray environment actors change where environments run, not what they do: same rollouts, same
     updates, same weights after 2 iterations."""
-    from safetensors.torch import load_file
-
-    from agent_rl.config import load_config
     from agent_rl.training.infra import checkpoint
     from agent_rl.training.infra.logger import read_metrics
     from agent_rl.training.loop.trainer import train
-
+    from safetensors.torch import load_file
     from test_trainer import tiny_overrides  # tests/training/ is on the path (pytest's rootdir-relative import)
+
+    from agent_rl.config import load_config
 
     runs = {}
     for name, extra in (("local", ()), ("ray", ("scale.env_actors=2",)), ("replicas", ("scale.engine_replicas=2",))):

@@ -9,9 +9,8 @@ import importlib.util
 import numpy as np
 import pytest
 import torch
-
-from agent_rl.training.serving.engines import HFEngine, SamplingParams, make_engine
 from agent_rl.training.loop.learner import sequence_logprobs
+from agent_rl.training.serving.engines import HFEngine, SamplingParams, make_engine
 
 TOLERANCE = 1e-3  # max abs logprob difference, float32
 
@@ -122,7 +121,9 @@ def test_engine_and_sampling_arguments_are_validated(policy):
     model, tokenizer = policy
     with pytest.raises(ValueError, match="unknown engine"):
         make_engine("tgi", model, tokenizer)
-    with pytest.raises(ValueError, match="unknown engine 'auto'"):  # training.infra.resolution.resolve decides what auto is
+    with pytest.raises(
+        ValueError, match="unknown engine 'auto'"
+    ):  # training.infra.resolution.resolve decides what auto is
         make_engine("auto", model, tokenizer)
     with pytest.raises(ValueError, match="temperature"):
         SamplingParams(temperature=0.0)
@@ -140,7 +141,9 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None
 @pytest.fixture(scope="module")
 def vllm_engine(policy):
     model, tokenizer = policy
-    engine = make_engine("vllm", model, tokenizer, kv_cache_memory_bytes=64 * 2**20, max_model_len=512, enforce_eager=True)
+    engine = make_engine(
+        "vllm", model, tokenizer, kv_cache_memory_bytes=64 * 2**20, max_model_len=512, enforce_eager=True
+    )
     yield engine
     engine.close()
 
@@ -158,7 +161,11 @@ def test_vllm_logprobs_match_the_training_model_then_follow_weight_updates(polic
     greedy = SamplingParams(max_new_tokens=8, greedy=True)
     hf_greedy = HFEngine(model, tokenizer).generate(prompts, 1, greedy)
     vllm_greedy = vllm_engine.generate(prompts, 2, greedy)
-    assert [g[0].token_ids for g in vllm_greedy] == [g[1].token_ids for g in vllm_greedy] == [g[0].token_ids for g in hf_greedy]
+    assert (
+        [g[0].token_ids for g in vllm_greedy]
+        == [g[1].token_ids for g in vllm_greedy]
+        == [g[0].token_ids for g in hf_greedy]
+    )
 
     # Weight sync: after update_weights the engine samples from (and scores under) the new weights.
     new_model = perturbed(model, seed=1)
@@ -170,7 +177,9 @@ def test_vllm_logprobs_match_the_training_model_then_follow_weight_updates(polic
     assert max_logprob_gap(new_model, prompts, completions, 1.0) < TOLERANCE
     assert max_logprob_gap(model, prompts, completions, 1.0) > 1e-2
     new_greedy = vllm_engine.generate(prompts, 1, greedy)
-    assert [g[0].token_ids for g in new_greedy] == [g[0].token_ids for g in HFEngine(new_model, tokenizer).generate(prompts, 1, greedy)]
+    assert [g[0].token_ids for g in new_greedy] == [
+        g[0].token_ids for g in HFEngine(new_model, tokenizer).generate(prompts, 1, greedy)
+    ]
 
     # ... and back: syncing the original weights restores the original behaviour (prefix cache reset).
     vllm_engine.update_weights(model)

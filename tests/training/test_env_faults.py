@@ -12,13 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from rich.console import Console
-
-from agent_rl.config import ConfigError, RolloutConfig, load_config
 from agent_rl.training.infra.logger import read_metrics
 from agent_rl.training.loop.sft import collect_demonstrations
 from agent_rl.training.loop.trainer import EnvironmentFailures, train
 from agent_rl.training.models.policy import load_tokenizer, policy_dir
+from rich.console import Console
+
+from agent_rl.config import ConfigError, RolloutConfig, load_config
 
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))
@@ -30,18 +30,41 @@ ERROR = f"RuntimeError: {faulty_env_example.CRASH} (in step(); at faulty_env_exa
 
 def overrides(run_dir: Path, fault: str, *extra: str) -> list[str]:
     return [
-        "env.id=faulty/Lever-v0", f"env.kwargs={{fault: {fault}}}", "engine=hf", f"trainer.run_dir={run_dir}",
-        "trainer.iterations=2", "trainer.eval_every=2", "trainer.eval_episodes=2", "trainer.eval_sampled=false",
-        "trainer.target_success=null", "rollout.n_groups=2", "rollout.group_size=2", "rollout.max_turns=4",
-        "rollout.min_batch_rows=0", "rollout.max_new_tokens=6", "sft.steps=2", "sft.episodes=2", "sft.batch_size=2",
-        "optim.minibatch_size=4", "optim.micro_batch_size=4", "logging.tensorboard=false", *extra,
+        "env.id=faulty/Lever-v0",
+        f"env.kwargs={{fault: {fault}}}",
+        "engine=hf",
+        f"trainer.run_dir={run_dir}",
+        "trainer.iterations=2",
+        "trainer.eval_every=2",
+        "trainer.eval_episodes=2",
+        "trainer.eval_sampled=false",
+        "trainer.target_success=null",
+        "rollout.n_groups=2",
+        "rollout.group_size=2",
+        "rollout.max_turns=4",
+        "rollout.min_batch_rows=0",
+        "rollout.max_new_tokens=6",
+        "sft.steps=2",
+        "sft.episodes=2",
+        "sft.batch_size=2",
+        "optim.minibatch_size=4",
+        "optim.micro_batch_size=4",
+        "logging.tensorboard=false",
+        *extra,
     ]
 
 
 def run_cli(run_dir: Path, fault: str, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "COLUMNS": "400"}
-    command = [sys.executable, "-m", "agent_rl.cli", "train", "--import", "faulty_env_example",
-               *overrides(run_dir, fault, *extra)]
+    command = [
+        sys.executable,
+        "-m",
+        "agent_rl.cli",
+        "train",
+        "--import",
+        "faulty_env_example",
+        *overrides(run_dir, fault, *extra),
+    ]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -52,7 +75,8 @@ def run_cli_stopped_at_iteration_1(run_dir: Path, fault: str, error: str, *extra
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1] == (
         f"agent-rl: error: 4 of 4 trajectories failed at iteration 1 (trainer.max_failed_share=1.0); the first error: "
-        f"{error}; the run stops (the last checkpoint is iteration 0; continue with: agent-rl train --resume {run_dir})")
+        f"{error}; the run stops (the last checkpoint is iteration 0; continue with: agent-rl train --resume {run_dir})"
+    )
     assert [r["iteration"] for r in read_metrics(run_dir)] == [0]
     return result
 
@@ -63,7 +87,8 @@ def test_an_environment_that_always_raises_stops_the_warm_start_with_its_error(t
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1] == (
         f"agent-rl: error: no SFT demonstrations were collected: 2 of 2 demonstration episodes failed in "
-        f"faulty/Lever-v0; the first error: {ERROR}")
+        f"faulty/Lever-v0; the first error: {ERROR}"
+    )
 
 
 @pytest.mark.slow
@@ -92,10 +117,15 @@ def test_failures_under_the_limit_are_counted_reported_once_and_the_run_goes_on(
 def test_a_lower_failed_share_stops_the_run_at_the_first_iteration_that_reaches_it(tmp_path):
     run_dir = tmp_path / "run"
     faulty_env_example.Lever.calls = 0  # the same faults as the run above, which went on at the default share
-    with pytest.raises(EnvironmentFailures, match=r"^2 of 4 trajectories failed at iteration 1 \(trainer.max_failed_share="
-                                                  r"0.5\); the first error: RuntimeError: simulator crashed"):
-        train(load_config(overrides=overrides(run_dir, "sometimes", "sft.mode=none", "trainer.max_failed_share=0.5")),
-              console=Console(file=io.StringIO()))
+    with pytest.raises(
+        EnvironmentFailures,
+        match=r"^2 of 4 trajectories failed at iteration 1 \(trainer.max_failed_share="
+        r"0.5\); the first error: RuntimeError: simulator crashed",
+    ):
+        train(
+            load_config(overrides=overrides(run_dir, "sometimes", "sft.mode=none", "trainer.max_failed_share=0.5")),
+            console=Console(file=io.StringIO()),
+        )
     assert [r["iteration"] for r in read_metrics(run_dir)] == [0]
 
 
@@ -108,10 +138,14 @@ def test_a_failed_share_outside_the_unit_interval_is_a_config_error(value):
 def test_a_missing_admissible_action_list_names_the_call_and_the_turn():
     tokenizer = load_tokenizer(policy_dir("embedded"))
     make_env = lambda: faulty_env_example.Lever(fault="no_actions_at_2")  # noqa: E731
-    with pytest.raises(ValueError, match=r"sft.mode=random needs info\['admissible_actions'\] at every turn, and the info "
-                                         r"Lever's step\(\) returned for turn 2 has none"):
-        collect_demonstrations(make_env, tokenizer, RolloutConfig(max_turns=4), mode="random", seeds=[0],
-                               rng=np.random.default_rng(0))
+    with pytest.raises(
+        ValueError,
+        match=r"sft.mode=random needs info\['admissible_actions'\] at every turn, and the info "
+        r"Lever's step\(\) returned for turn 2 has none",
+    ):
+        collect_demonstrations(
+            make_env, tokenizer, RolloutConfig(max_turns=4), mode="random", seeds=[0], rng=np.random.default_rng(0)
+        )
 
 
 def test_more_than_half_failed_in_two_iterations_running_stops_the_run(tmp_path):
@@ -121,8 +155,9 @@ def test_more_than_half_failed_in_two_iterations_running_stops_the_run(tmp_path)
 
     console = Console(file=io.StringIO(), width=400)
     config = load_config(overrides=["env.id=faulty/Lever-v0"])
-    trainer = SimpleNamespace(console=console, config=config, run_dir=tmp_path, iteration=1, env_failure_kinds=set(),
-                              failing_streak=0)
+    trainer = SimpleNamespace(
+        console=console, config=config, run_dir=tmp_path, iteration=1, env_failure_kinds=set(), failing_streak=0
+    )
     trainer._how_to_go_on = lambda: Trainer._how_to_go_on(trainer)
 
     def report(failed: int, played: int) -> int:
@@ -133,30 +168,47 @@ def test_more_than_half_failed_in_two_iterations_running_stops_the_run(tmp_path)
 
     assert report(5, 8) == 1 and report(4, 8) == 0  # exactly half does not count
     assert report(5, 8) == 1
-    with pytest.raises(EnvironmentFailures, match=r"^more than half of the trajectories failed in two iterations running "
-                                                  r"\(6 of 8 trajectories failed at iteration 4\); the first error: "):
+    with pytest.raises(
+        EnvironmentFailures,
+        match=r"^more than half of the trajectories failed in two iterations running "
+        r"\(6 of 8 trajectories failed at iteration 4\); the first error: ",
+    ):
         report(6, 8)
     assert console.file.getvalue().count("environment error in faulty/Lever-v0") == 1
 
 
-@pytest.mark.parametrize("fault, error", [
-    ("nan_reward", "ContractError: step() returned the reward nan, not a finite number, at turn 1 (in step())"),
-    ("number_observation", "ContractError: reset() returned an observation of type int, not str, at turn 0 (in reset())"),
-])
+@pytest.mark.parametrize(
+    "fault, error",
+    [
+        ("nan_reward", "ContractError: step() returned the reward nan, not a finite number, at turn 1 (in step())"),
+        (
+            "number_observation",
+            "ContractError: reset() returned an observation of type int, not str, at turn 0 (in reset())",
+        ),
+    ],
+)
 def test_a_contract_breach_fails_its_trajectory_with_a_message_naming_the_call_and_turn(tmp_path, fault, error):
     console = Console(file=io.StringIO(), width=400)
-    with pytest.raises(EnvironmentFailures, match=r"^4 of 4 trajectories failed at iteration 1 .*; the first error: "
-                                                  + re.escape(error)):
-        train(load_config(overrides=overrides(tmp_path / "run", fault, "sft.mode=none", "trainer.iterations=1")),
-              console=console)
+    with pytest.raises(
+        EnvironmentFailures,
+        match=r"^4 of 4 trajectories failed at iteration 1 .*; the first error: " + re.escape(error),
+    ):
+        train(
+            load_config(overrides=overrides(tmp_path / "run", fault, "sft.mode=none", "trainer.iterations=1")),
+            console=console,
+        )
     assert f"environment error in faulty/Lever-v0: {error}" in console.file.getvalue()
 
 
 @pytest.mark.slow
 def test_a_hung_step_fails_its_trajectory_at_the_time_limit_instead_of_hanging_the_run(tmp_path):
-    error = ("TimeoutError: step() gave no answer within 0.3 s (env.timeout_s); the environment was abandoned and is "
-             "rebuilt on the next reset (in step())")
-    result = run_cli_stopped_at_iteration_1(tmp_path / "run", "hang_at_2", error, "env.timeout_s=0.3")  # a hung step sleeps an hour
+    error = (
+        "TimeoutError: step() gave no answer within 0.3 s (env.timeout_s); the environment was abandoned and is "
+        "rebuilt on the next reset (in step())"
+    )
+    result = run_cli_stopped_at_iteration_1(
+        tmp_path / "run", "hang_at_2", error, "env.timeout_s=0.3"
+    )  # a hung step sleeps an hour
     assert result.stdout.count(f"environment error in faulty/Lever-v0: {error}") == 1
 
 
@@ -168,5 +220,8 @@ def test_a_time_limit_that_is_not_positive_is_a_config_error(value):
 
 @pytest.mark.slow
 def test_a_contract_breach_at_the_second_step_stops_the_cli_with_its_message(tmp_path):
-    run_cli_stopped_at_iteration_1(tmp_path / "run", "nan_reward",
-                                   "ContractError: step() returned the reward nan, not a finite number, at turn 1 (in step())")
+    run_cli_stopped_at_iteration_1(
+        tmp_path / "run",
+        "nan_reward",
+        "ContractError: step() returned the reward nan, not a finite number, at turn 1 (in step())",
+    )

@@ -9,11 +9,11 @@ import time
 import gymnasium as gym
 import numpy as np
 import pytest
-
 from agent_rl.envs import register_text_env
-from agent_rl.config import RolloutConfig
-from agent_rl.training.serving.envpool import LocalEnvPool, RayEnvPool, RegisteredEnv, failure_kind
 from agent_rl.training.loop.rollout import collect_rollouts
+from agent_rl.training.serving.envpool import LocalEnvPool, RayEnvPool, RegisteredEnv, failure_kind
+
+from agent_rl.config import RolloutConfig
 
 
 class FlakyEnv(gym.Env):
@@ -33,7 +33,13 @@ class FlakyEnv(gym.Env):
         self.t += 1
         if self.seed_value % 4 == 0 and self.t == 2:
             raise ValueError("step exploded")
-        return f"t={self.t}", 0.0, self.t >= 3, False, {"anchor": str(self.t), "action_valid": True, "error": None, "won": False}
+        return (
+            f"t={self.t}",
+            0.0,
+            self.t >= 3,
+            False,
+            {"anchor": str(self.t), "action_valid": True, "error": None, "won": False},
+        )
 
 
 register_text_env("test_pool/Flaky-v0", FlakyEnv, description="Raises on some seeds; a test env.")
@@ -52,11 +58,16 @@ def test_local_pool_isolates_failures_and_rebuilds_environments():
     # Each failure names the call and where the environment raised, outside the pool's own frames.
     reset_line = FlakyEnv.reset.__code__.co_firstlineno + 3
     step_line = FlakyEnv.step.__code__.co_firstlineno + 3
-    assert first[1].failure == f"RuntimeError: reset exploded for seed 3 (in reset(); at test_envpool.py:{reset_line} in reset)"
+    assert (
+        first[1].failure
+        == f"RuntimeError: reset exploded for seed 3 (in reset(); at test_envpool.py:{reset_line} in reset)"
+    )
     assert steps[1].failure == f"ValueError: step exploded (in step(); at test_envpool.py:{step_line} in step)"
     assert failure_kind(first[1].failure) == f"RuntimeError (in reset(); at test_envpool.py:{reset_line} in reset)"
     seed_5 = pool.reset([1], [5])[0].failure
-    assert seed_5 != first[1].failure and failure_kind(seed_5) == failure_kind(first[1].failure)  # same kind, other values
+    assert seed_5 != first[1].failure and failure_kind(seed_5) == failure_kind(
+        first[1].failure
+    )  # same kind, other values
     # The failed slot gets a fresh environment on its next reset.
     again = pool.reset([1, 2], [6, 6])
     assert all(r.failure is None and r.observation == "start 6" for r in again)
@@ -170,9 +181,10 @@ register_text_env("test_pool/Counted-v0", CountedEnv, description="Counts its bu
 def test_the_config_check_the_sft_choice_and_the_probe_build_one_environment():
     import pickle
 
-    from agent_rl.config import load_config
     from agent_rl.training.infra.resolution import resolve
     from agent_rl.training.serving.envpool import env_factory
+
+    from agent_rl.config import load_config
 
     config = load_config(overrides=["env=test_pool/Counted-v0", "sft.mode=auto", "engine=hf"])
     CountedEnv.built = 0
@@ -197,7 +209,9 @@ def faulty():
     from pathlib import Path
 
     if "faulty_env_example" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("faulty_env_example", Path(__file__).parents[1] / "faulty_env_example.py")
+        spec = importlib.util.spec_from_file_location(
+            "faulty_env_example", Path(__file__).parents[1] / "faulty_env_example.py"
+        )
         module = sys.modules["faulty_env_example"] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     return sys.modules["faulty_env_example"]
@@ -209,8 +223,10 @@ def test_a_step_over_the_time_limit_fails_its_slot_and_the_pool_goes_on(faulty):
     assert all(r.failure is None for r in pool.step([0, 1], ["pull", "pull"]))  # turn 1 answers
     assert all(r.failure is None for r in pool.reset([1], [2]))  # slot 1 starts again, at turn 0
     hung, answered = pool.step([0, 1], ["pull", "pull"])
-    assert hung.failure == ("TimeoutError: step() gave no answer within 0.2 s (env.timeout_s); the environment was "
-                            "abandoned and is rebuilt on the next reset (in step())")
+    assert hung.failure == (
+        "TimeoutError: step() gave no answer within 0.2 s (env.timeout_s); the environment was "
+        "abandoned and is rebuilt on the next reset (in step())"
+    )
     assert answered.failure is None and answered.observation == "Click."
     assert pool.abandoned == 1 and pool._envs[0] is None
     # The slot gets a new environment, served by a new call thread.
@@ -232,7 +248,9 @@ def test_an_environment_that_raises_timeout_error_itself_is_not_abandoned_for_it
 
     pool = LocalEnvPool(RaisesTimeout, 1, timeout_s=5.0)
     pool.reset([0], [0])
-    assert pool.step([0], ["a"])[0].failure.startswith("TimeoutError: backend timed out (in step(); at test_envpool.py:")
+    assert pool.step([0], ["a"])[0].failure.startswith(
+        "TimeoutError: backend timed out (in step(); at test_envpool.py:"
+    )
     assert pool.abandoned == 0
     pool.close()
 
@@ -250,8 +268,12 @@ def test_ray_pool_fails_a_hung_step_and_replaces_an_actor_stuck_holding_the_gil(
 
     monkeypatch.setattr(envpool, "ACTOR_GRACE_S", 2.0)
     ray_local.cloudpickle.register_pickle_by_value(faulty)  # the actors need not import tests/
-    sleeps, spins = (RayEnvPool(functools.partial(faulty.Lever, fault=fault), 2, n_actors=n_actors, timeout_s=0.5,
-                                num_cpus_per_actor=0.5) for fault, n_actors in (("hang_at_2", 1), ("spin_at_2", 2)))
+    sleeps, spins = (
+        RayEnvPool(
+            functools.partial(faulty.Lever, fault=fault), 2, n_actors=n_actors, timeout_s=0.5, num_cpus_per_actor=0.5
+        )
+        for fault, n_actors in (("hang_at_2", 1), ("spin_at_2", 2))
+    )
     try:
         for pool in (sleeps, spins):
             assert all(r.failure is None for r in pool.reset([0, 1], [0, 1]))
@@ -263,8 +285,10 @@ def test_ray_pool_fails_a_hung_step_and_replaces_an_actor_stuck_holding_the_gil(
         assert sleeps.restarts == 0
         # A step stuck in C holding the GIL: the actor cannot answer, so it is killed and replaced.
         stuck, answered = spins.step([0, 1], ["pull", "pull"])
-        assert stuck.failure == ("TimeoutError: the environment actor gave no answer within 0.5 s per call "
-                                 "(env.timeout_s) and was replaced (in step())")
+        assert stuck.failure == (
+            "TimeoutError: the environment actor gave no answer within 0.5 s per call "
+            "(env.timeout_s) and was replaced (in step())"
+        )
         assert answered.failure is None and spins.restarts == 1
         assert all(r.failure is None for r in spins.reset([0, 1], [3, 4]))
     finally:

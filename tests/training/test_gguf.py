@@ -16,13 +16,12 @@ import torch
 pytest.importorskip("gguf", reason="the gguf package (dev extra) writes the test files")
 pytest.importorskip("accelerate", reason="transformers needs accelerate (dev extra) to load GGUF files")
 
-import gguf  # noqa: E402
-
 import agent_rl.training.models.gguf as gguf_module  # noqa: E402
-from agent_rl.training.serving.engines import HFEngine, SamplingParams, make_engine  # noqa: E402
+import gguf  # noqa: E402
 from agent_rl.training.models.embedded import train_tokenizer  # noqa: E402
 from agent_rl.training.models.gguf import GGUF_RECORD, GGUFError, gguf_policy_dir  # noqa: E402
 from agent_rl.training.models.policy import load_policy, policy_dir  # noqa: E402
+from agent_rl.training.serving.engines import HFEngine, SamplingParams, make_engine  # noqa: E402
 from test_engines import max_logprob_gap, perturbed  # noqa: E402
 
 TOLERANCE = 1e-3  # max abs logprob difference, float32
@@ -50,8 +49,15 @@ def tiny_llama(vocab_size: int, *, seed: int = 0, tied: bool = True):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=256, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=4096, rms_norm_eps=1e-5, tie_word_embeddings=tied,
+        vocab_size=vocab_size,
+        hidden_size=256,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=tied,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
     )
     model = LlamaForCausalLM(config).eval()
@@ -64,7 +70,11 @@ def tiny_llama(vocab_size: int, *, seed: int = 0, tied: bool = True):
 
 def llama_cpp_permute(weights: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp's q/k row order (``convert_hf_to_gguf.py``: LlamaModel.permute)."""
-    return weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
+    return (
+        weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
 
 
 def write_gguf(path: Path, model, tokenizer, *, architecture: str = "llama", skip: tuple[str, ...] = ()) -> Path:
@@ -102,15 +112,22 @@ def write_gguf(path: Path, model, tokenizer, *, architecture: str = "llama", ski
     writer.add_chat_template(tokenizer.chat_template)
 
     state = {name: t.detach().numpy().astype(np.float32) for name, t in model.state_dict().items()}
-    tensors = {"token_embd.weight": state["model.embed_tokens.weight"], "output_norm.weight": state["model.norm.weight"]}
+    tensors = {
+        "token_embd.weight": state["model.embed_tokens.weight"],
+        "output_norm.weight": state["model.norm.weight"],
+    }
     if not config.tie_word_embeddings:
         tensors["output.weight"] = state["lm_head.weight"]
     for i in range(config.num_hidden_layers):
         layer = f"model.layers.{i}."
         tensors |= {
             f"blk.{i}.attn_norm.weight": state[layer + "input_layernorm.weight"],
-            f"blk.{i}.attn_q.weight": llama_cpp_permute(state[layer + "self_attn.q_proj.weight"], config.num_attention_heads),
-            f"blk.{i}.attn_k.weight": llama_cpp_permute(state[layer + "self_attn.k_proj.weight"], config.num_key_value_heads),
+            f"blk.{i}.attn_q.weight": llama_cpp_permute(
+                state[layer + "self_attn.q_proj.weight"], config.num_attention_heads
+            ),
+            f"blk.{i}.attn_k.weight": llama_cpp_permute(
+                state[layer + "self_attn.k_proj.weight"], config.num_key_value_heads
+            ),
             f"blk.{i}.attn_v.weight": state[layer + "self_attn.v_proj.weight"],
             f"blk.{i}.attn_output.weight": state[layer + "self_attn.o_proj.weight"],
             f"blk.{i}.ffn_norm.weight": state[layer + "post_attention_layernorm.weight"],
@@ -154,7 +171,9 @@ def staging_leftovers(root: Path) -> list[str]:
 def prompts_for(tokenizer) -> list[list[int]]:
     texts = ["You are in the hall.", "go north", "Exits: north, east. take the amber key"]
     return [
-        tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True, return_dict=False)
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
         for t in texts
     ]
 
@@ -188,7 +207,9 @@ def test_converted_directory_is_a_complete_hugging_face_model(tiny):
     directory = policy_dir(path, cache_dir=path.parent / "cache")
     names = {p.name for p in directory.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", GGUF_RECORD} <= names
-    assert "chat_template.jinja" in names or "chat_template" in json.loads((directory / "tokenizer_config.json").read_text())
+    assert "chat_template.jinja" in names or "chat_template" in json.loads(
+        (directory / "tokenizer_config.json").read_text()
+    )
     record = json.loads((directory / GGUF_RECORD).read_text())
     assert record["source"] == str(path.resolve()) and record["sha256"] == gguf_module.file_sha256(path)
     assert json.loads((directory / "config.json").read_text())["dtype"] == "float32"
@@ -283,7 +304,9 @@ def test_hf_engine_logprobs_match_the_learner_before_and_after_a_weight_sync(tin
     _, _, (model, tokenizer) = tiny
     prompts = prompts_for(tokenizer)
     engine = HFEngine(model, tokenizer, seed=0)
-    assert max_logprob_gap(model, prompts, engine.generate(prompts, 2, SamplingParams(max_new_tokens=10)), 1.0) < TOLERANCE
+    assert (
+        max_logprob_gap(model, prompts, engine.generate(prompts, 2, SamplingParams(max_new_tokens=10)), 1.0) < TOLERANCE
+    )
     new_model = perturbed(model, seed=0)
     engine.update_weights(new_model)
     completions = engine.generate(prompts, 2, SamplingParams(max_new_tokens=10))
@@ -306,7 +329,10 @@ def test_vllm_serves_the_converted_model_and_follows_weight_syncs(tiny):
     engine = make_engine("vllm", model, tokenizer, kv_cache_memory_bytes=4 * 2**20, enforce_eager=True)
     try:
         assert 512 <= engine.llm.llm_engine.model_config.max_model_len < model.config.max_position_embeddings
-        assert max_logprob_gap(model, prompts, engine.generate(prompts, 3, SamplingParams(max_new_tokens=12)), 1.0) < TOLERANCE
+        assert (
+            max_logprob_gap(model, prompts, engine.generate(prompts, 3, SamplingParams(max_new_tokens=12)), 1.0)
+            < TOLERANCE
+        )
         hf_greedy = [g[0].token_ids for g in HFEngine(model, tokenizer).generate(prompts, 1, greedy)]
         assert [g[0].token_ids for g in engine.generate(prompts, 1, greedy)] == hf_greedy
         # The policy ties its embeddings; a sync must carry the changed output matrix too.

@@ -9,12 +9,7 @@ import copy
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from rich.progress import Progress
-
-from agent_rl.batch import StepBatch
-from agent_rl.config import load_config
+from agent_rl.training.infra.resolution import resolve
 from agent_rl.training.loop.learner import (
     Learner,
     accumulate_policy_gradient,
@@ -27,10 +22,14 @@ from agent_rl.training.loop.learner import (
     step_scale,
     warmup_lr,
 )
-from agent_rl.training.infra.resolution import resolve
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rich.progress import Progress
 
+from agent_rl.batch import StepBatch
+from agent_rl.config import load_config
 
-# ---- teacher-forced logprobs (response_logits, sequence_logprobs) --------------------------------------------------------------------------
+# ---- teacher-forced logprobs (response_logits, sequence_logprobs) --------------------------------------------------
 
 
 def test_sequence_logprobs_match_unpadded_forward_passes(policy):
@@ -136,7 +135,19 @@ def test_minibatches_are_whole_trajectories_and_a_short_one_steps_at_its_share_o
         (["optim.minibatches=3", "optim.minibatch_size=0"], 3, [[1], [2], [3]], [1e-3] * 3),
         (["optim.minibatch_size=4"], 1, [[6]], [7.5e-4]),
     ):
-        config = resolve(load_config(overrides=[*overrides, "optim.lr=1e-3", "optim.warmup_steps=0", "optim.epochs=1", "algo.loss=grpo", "algo.kl_coef=0", "engine=hf"]))
+        config = resolve(
+            load_config(
+                overrides=[
+                    *overrides,
+                    "optim.lr=1e-3",
+                    "optim.warmup_steps=0",
+                    "optim.epochs=1",
+                    "algo.loss=grpo",
+                    "algo.kl_coef=0",
+                    "engine=hf",
+                ]
+            )
+        )
         trained = copy.deepcopy(model)
         optimizer = torch.optim.AdamW(trained.parameters(), lr=config.optim.lr)
         forwarded, seen_rates = [], []
@@ -193,19 +204,30 @@ def test_merging_repeated_rows_leaves_the_gradient_unchanged(loss):
         logp, _ = sequence_logprobs(model, base_prompts, base_responses)
     # Old logprobs off the current ones, so ratios leave 1 and the clip acts; repeated rows share them.
     old = [logp[i, : len(base_responses[i])].numpy() - 0.3 * (1 - 2 * i) for i in pick]
-    kwargs = {**{k: v for k, v in LOSS_PRESETS[loss].items() if k not in ("kl_coef", "kl_estimator")}, "kl_coef": 0.0,
-              "norm_length": 4 if LOSS_PRESETS[loss]["loss_agg"] == "seq_mean_token_sum_norm" else None}
+    kwargs = {
+        **{k: v for k, v in LOSS_PRESETS[loss].items() if k not in ("kl_coef", "kl_estimator")},
+        "kl_coef": 0.0,
+        "norm_length": 4 if LOSS_PRESETS[loss]["loss_agg"] == "seq_mean_token_sum_norm" else None,
+    }
     model.zero_grad()
-    metrics = accumulate_policy_gradient(model, prompts, responses, old, advantages, loss_kwargs=kwargs, temperature=1.0,
-                                         micro_batch_size=8)
+    metrics = accumulate_policy_gradient(
+        model, prompts, responses, old, advantages, loss_kwargs=kwargs, temperature=1.0, micro_batch_size=8
+    )
     merged = torch.cat([p.grad.flatten() for p in model.parameters()])
     assert metrics["repeated_rows"] == 3  # rows 0 and 2 (positive), 1 and 5 (negative), 3 and 4 merge
     model.zero_grad()
     lengths = np.array([len(r) for r in responses])
     for i in range(len(prompts)):
         row_logp, mask = sequence_logprobs(model, [prompts[i]], [responses[i]])
-        policy_loss(row_logp, torch.as_tensor(old[i])[None], torch.tensor([advantages[i]], dtype=torch.float32), mask,
-                    num_tokens=float(lengths.sum()), num_rows=float(len(lengths)), **kwargs).loss.backward()
+        policy_loss(
+            row_logp,
+            torch.as_tensor(old[i])[None],
+            torch.tensor([advantages[i]], dtype=torch.float32),
+            mask,
+            num_tokens=float(lengths.sum()),
+            num_rows=float(len(lengths)),
+            **kwargs,
+        ).loss.backward()
     one_by_one = torch.cat([p.grad.flatten() for p in model.parameters()])
     assert float((merged - one_by_one).norm() / one_by_one.norm()) < 1e-5
 
@@ -230,8 +252,20 @@ def test_minibatch_update_does_not_depend_on_the_micro_batch_split_and_moves_the
     old = [row[: len(r)].numpy() for row, r in zip(logp, responses)]
     results, gradients = [], []
     for size in (1, 64):
-        config = resolve(load_config(overrides=["optim.minibatches=3", "optim.minibatch_size=0", "optim.epochs=2", "algo.loss=grpo", "algo.kl_coef=0",
-                                                "optim.lr=1e-5", f"optim.micro_batch_size={size}", "engine=hf"]))
+        config = resolve(
+            load_config(
+                overrides=[
+                    "optim.minibatches=3",
+                    "optim.minibatch_size=0",
+                    "optim.epochs=2",
+                    "algo.loss=grpo",
+                    "algo.kl_coef=0",
+                    "optim.lr=1e-5",
+                    f"optim.micro_batch_size={size}",
+                    "engine=hf",
+                ]
+            )
+        )
         copy_ = copy.deepcopy(model)
         optimizer = torch.optim.AdamW(copy_.parameters(), lr=config.optim.lr)
         seen, step = [], optimizer.step
@@ -264,8 +298,19 @@ def test_rows_with_zero_advantage_are_left_out_before_the_minibatch_split(policy
     with torch.no_grad():
         logp, _ = sequence_logprobs(model, prompts, responses, 1.0)
     old = [row[: len(r)].numpy() for row, r in zip(logp, responses)]
-    config = resolve(load_config(overrides=["optim.minibatches=3", "rollout.temperature=1", "optim.minibatch_size=0", "optim.epochs=1", "algo.loss=grpo",
-                                            "algo.kl_coef=0", "engine=hf"]))
+    config = resolve(
+        load_config(
+            overrides=[
+                "optim.minibatches=3",
+                "rollout.temperature=1",
+                "optim.minibatch_size=0",
+                "optim.epochs=1",
+                "algo.loss=grpo",
+                "algo.kl_coef=0",
+                "engine=hf",
+            ]
+        )
+    )
     for seed in range(4):
         copy_ = copy.deepcopy(model)
         learner = Learner(copy_, torch.optim.AdamW(copy_.parameters(), lr=0.0), config, np.random.default_rng(seed))
@@ -288,8 +333,13 @@ def test_a_batch_with_no_advantage_takes_no_step(policy):
     old = [np.zeros(len(r), dtype=np.float32) for r in responses]
     with Progress(disable=True) as progress:
         metrics = learner.optimize(prompts, responses, old, np.zeros(4), progress)
-    assert metrics == {"update/skipped": 1.0, "update/optimizer_steps": 0.0, "update/learnable_rows": 0.0,
-                       "update/learnable_fraction": 0.0, "update/forwarded_tokens": 0.0}
+    assert metrics == {
+        "update/skipped": 1.0,
+        "update/optimizer_steps": 0.0,
+        "update/learnable_rows": 0.0,
+        "update/learnable_fraction": 0.0,
+        "update/forwarded_tokens": 0.0,
+    }
     assert learner.steps_taken == 0 and not optimizer.state
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), trained.parameters()))
 
@@ -298,8 +348,18 @@ def test_a_batch_with_no_advantage_takes_no_step(policy):
 def test_a_step_with_a_non_finite_gradient_is_skipped_and_counted(policy, poison):
     model, _ = policy
     prompts, responses, _ = _synthetic_rows(model.config.vocab_size, 4, seed=3)
-    config = resolve(load_config(overrides=["algo.loss=grpo", "algo.kl_coef=0", "engine=hf", "optim.minibatch_size=0",
-                                            "optim.minibatches=1", "optim.epochs=2"]))
+    config = resolve(
+        load_config(
+            overrides=[
+                "algo.loss=grpo",
+                "algo.kl_coef=0",
+                "engine=hf",
+                "optim.minibatch_size=0",
+                "optim.minibatches=1",
+                "optim.epochs=2",
+            ]
+        )
+    )
     trained = copy.deepcopy(model)
     optimizer = torch.optim.AdamW(trained.parameters(), lr=1e-2)
     learner = Learner(trained, optimizer, config, np.random.default_rng(0))
@@ -332,8 +392,20 @@ def test_the_warmup_counts_optimizer_steps_across_updates_and_a_restored_optimiz
     with torch.no_grad():
         logp, _ = sequence_logprobs(model, prompts, responses, 1.0)
     old = [row[: len(r)].numpy() for row, r in zip(logp, responses)]
-    config = resolve(load_config(overrides=["optim.minibatches=2", "optim.minibatch_size=0", "optim.epochs=1", "optim.lr=1e-3", "optim.warmup_steps=5",
-                                            "algo.loss=grpo", "algo.kl_coef=0", "engine=hf"]))
+    config = resolve(
+        load_config(
+            overrides=[
+                "optim.minibatches=2",
+                "optim.minibatch_size=0",
+                "optim.epochs=1",
+                "optim.lr=1e-3",
+                "optim.warmup_steps=5",
+                "algo.loss=grpo",
+                "algo.kl_coef=0",
+                "engine=hf",
+            ]
+        )
+    )
     trained = copy.deepcopy(model)
     optimizer = torch.optim.AdamW(trained.parameters(), lr=config.optim.lr)
     rates = []
@@ -361,8 +433,13 @@ def _tiny_model():
 
     torch.manual_seed(0)
     config = Qwen2Config(
-        vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128,
+        vocab_size=40,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
     )
     return Qwen2ForCausalLM(config).eval()
 
@@ -388,7 +465,13 @@ def test_gradient_does_not_depend_on_micro_batch_split(loss):
     def gradient(micro_batch_size: int) -> torch.Tensor:
         model.zero_grad(set_to_none=True)
         accumulate_policy_gradient(
-            model, prompts, responses, old, advantages, loss_kwargs=kwargs, temperature=1.0,
+            model,
+            prompts,
+            responses,
+            old,
+            advantages,
+            loss_kwargs=kwargs,
+            temperature=1.0,
             micro_batch_size=micro_batch_size,
         )
         return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
@@ -421,8 +504,16 @@ def test_forwarded_tokens_count_shared_prefixes_once_and_padding():
     kwargs = {**LOSS_PRESETS["grpo"], "kl_coef": 0.0}
 
     def forwarded(advantages, micro_batch_size):
-        return accumulate_policy_gradient(model, prompts, responses, old, np.array(advantages), loss_kwargs=kwargs,
-                                          temperature=1.0, micro_batch_size=micro_batch_size)["forwarded_tokens"]
+        return accumulate_policy_gradient(
+            model,
+            prompts,
+            responses,
+            old,
+            np.array(advantages),
+            loss_kwargs=kwargs,
+            temperature=1.0,
+            micro_batch_size=micro_batch_size,
+        )["forwarded_tokens"]
 
     # The first two share [1, 2]: forwarded once, then 2 rows x (2 more prompt + 2 response tokens).
     assert forwarded([1.0, -1.0, 0.0], 3) == 2 + 2 * (2 + 2)
@@ -445,9 +536,16 @@ def _tokens(plan, prompts, responses):
         shared = 0
         if len(batch) > 1:
             first = prompts[batch[0]]
-            shared = min(min(next((k for k, (a, b) in enumerate(zip(first, prompts[i])) if a != b),
-                                  min(len(first), len(prompts[i]))) for i in batch),
-                         min(len(prompts[i]) for i in batch) - 1)
+            shared = min(
+                min(
+                    next(
+                        (k for k, (a, b) in enumerate(zip(first, prompts[i])) if a != b),
+                        min(len(first), len(prompts[i])),
+                    )
+                    for i in batch
+                ),
+                min(len(prompts[i]) for i in batch) - 1,
+            )
         rest = max(len(prompts[i]) for i in batch) - shared + max(len(responses[i]) for i in batch)
         total += shared + len(batch) * rest
     return total
@@ -465,7 +563,9 @@ def test_micro_batch_plan_keeps_each_task_together_sorted_by_length():
         assert len({i % 2 for i in batch}) == 1
         totals = [len(prompts[i]) + len(responses[i]) for i in batch]
         assert totals == sorted(totals)
-    assert _tokens(plan, prompts, responses) < _tokens(_length_plan(prompts, responses, np.arange(12), 4), prompts, responses)
+    assert _tokens(plan, prompts, responses) < _tokens(
+        _length_plan(prompts, responses, np.arange(12), 4), prompts, responses
+    )
 
 
 def test_micro_batch_plan_sorts_by_length_when_prompts_share_nothing():
@@ -481,8 +581,11 @@ def test_micro_batch_plan_sorts_by_length_when_prompts_share_nothing():
 @settings(max_examples=60, deadline=None)
 @given(
     prefixes=st.lists(st.lists(st.integers(1, 6), min_size=0, max_size=6), min_size=1, max_size=4),
-    rows=st.lists(st.tuples(st.integers(0, 3), st.lists(st.integers(1, 6), max_size=5), st.integers(1, 4)),
-                  min_size=1, max_size=30),
+    rows=st.lists(
+        st.tuples(st.integers(0, 3), st.lists(st.integers(1, 6), max_size=5), st.integers(1, 4)),
+        min_size=1,
+        max_size=30,
+    ),
     size=st.integers(1, 7),
 )
 def test_micro_batch_plan_is_a_partition_that_forwards_no_more_than_sorting_by_length(prefixes, rows, size):
@@ -492,7 +595,9 @@ def test_micro_batch_plan_is_a_partition_that_forwards_no_more_than_sorting_by_l
     plan = plan_micro_batches(prompts, responses, picked, size)
     assert sorted(np.concatenate(plan).tolist()) == sorted(picked.tolist())
     assert all(1 <= len(batch) <= size for batch in plan)
-    assert _tokens(plan, prompts, responses) <= _tokens(_length_plan(prompts, responses, picked, size), prompts, responses)
+    assert _tokens(plan, prompts, responses) <= _tokens(
+        _length_plan(prompts, responses, picked, size), prompts, responses
+    )
 
 
 # ---- the rest of the learner ------------------------------------------------------------------------------
@@ -501,10 +606,22 @@ def test_micro_batch_plan_is_a_partition_that_forwards_no_more_than_sorting_by_l
 def _rows_batch(prompts, responses, old):
     n = len(prompts)
     return StepBatch(
-        group_id=np.zeros(n), traj_id=np.arange(n), t=np.zeros(n), reward=np.zeros(n), done=np.ones(n),
-        truncated=np.zeros(n), action_valid=np.ones(n), won=np.zeros(n), overlong=np.zeros(n),
-        prompt_ids=prompts, response_ids=responses, old_logprobs=old, observation=[""] * n, error=[None] * n,
-        action=[""] * n, anchor_state=[""] * n,
+        group_id=np.zeros(n),
+        traj_id=np.arange(n),
+        t=np.zeros(n),
+        reward=np.zeros(n),
+        done=np.ones(n),
+        truncated=np.zeros(n),
+        action_valid=np.ones(n),
+        won=np.zeros(n),
+        overlong=np.zeros(n),
+        prompt_ids=prompts,
+        response_ids=responses,
+        old_logprobs=old,
+        observation=[""] * n,
+        error=[None] * n,
+        action=[""] * n,
+        anchor_state=[""] * n,
     )
 
 
@@ -515,7 +632,9 @@ def test_recomputed_logprobs_are_the_models_and_the_mismatch_is_measured():
         logp, _ = sequence_logprobs(model, prompts, responses)
     exact = [row[: len(r)].numpy().astype(np.float32) for row, r in zip(logp, responses)]
     shifted = [values - 0.25 for values in exact]
-    recomputed, metrics = recompute_logprobs(model, _rows_batch(prompts, responses, shifted), micro_batch_size=2, temperature=1.0)
+    recomputed, metrics = recompute_logprobs(
+        model, _rows_batch(prompts, responses, shifted), micro_batch_size=2, temperature=1.0
+    )
     for got, want in zip(recomputed, exact):
         np.testing.assert_allclose(got, want, atol=1e-5)
     assert metrics["update/logprob_mismatch_mean"] == pytest.approx(0.25, abs=1e-4)
@@ -525,8 +644,12 @@ def test_recomputed_logprobs_are_the_models_and_the_mismatch_is_measured():
 def test_an_update_without_rows_learns_nothing():
     model = _tiny_model()
     before = [p.detach().clone() for p in model.parameters()]
-    learner = Learner(model, torch.optim.AdamW(model.parameters(), lr=1e-2), resolve(load_config(overrides=["engine=hf"])),
-                      np.random.default_rng(0))
+    learner = Learner(
+        model,
+        torch.optim.AdamW(model.parameters(), lr=1e-2),
+        resolve(load_config(overrides=["engine=hf"])),
+        np.random.default_rng(0),
+    )
     with Progress(disable=True) as progress:
         assert learner.update(None, None, progress) == {}
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
@@ -538,8 +661,12 @@ def test_the_kl_reference_is_a_frozen_copy_of_the_given_weights(tmp_path):
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(1.0)
-    learner = Learner(model, torch.optim.AdamW(model.parameters()), resolve(load_config(overrides=["engine=hf"])),
-                      np.random.default_rng(0))
+    learner = Learner(
+        model,
+        torch.optim.AdamW(model.parameters()),
+        resolve(load_config(overrides=["engine=hf"])),
+        np.random.default_rng(0),
+    )
     learner.freeze_reference(tmp_path / "sft")
     saved = _tiny_model()  # the same seed: the weights that were saved
     for ours, theirs, current in zip(learner.reference.parameters(), saved.parameters(), model.parameters()):

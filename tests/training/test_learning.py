@@ -8,10 +8,10 @@ import string
 
 import gymnasium as gym
 import pytest
-
-from agent_rl.config import load_config
 from agent_rl.training.infra.logger import read_metrics
 from agent_rl.training.loop.trainer import train
+
+from agent_rl.config import load_config
 
 PATH_OF_SIGN = {"red": "left", "blue": "right", "gold": "right", "moon": "left"}
 
@@ -35,19 +35,37 @@ class TwoStep(gym.Env):
             info = {"action_valid": action in ("left", "right"), "admissible_actions": ["open", "kick"]}
             return ("A chest." if self.on_path else "A wall."), 0.0, False, False, info
         won = self.on_path and action == "open"
-        return ("Gold!" if won else "Nothing."), float(won), True, False, {"won": won, "action_valid": action in ("open", "kick")}
+        return (
+            ("Gold!" if won else "Nothing."),
+            float(won),
+            True,
+            False,
+            {"won": won, "action_valid": action in ("open", "kick")},
+        )
 
 
 gym.register("learning_test/TwoStep-v0", entry_point=TwoStep)
 
 
 def _train(run_dir, env_id: str, iterations: int) -> list[dict]:
-    train(load_config(overrides=[
-        f"env.id={env_id}", "engine=hf", f"trainer.run_dir={run_dir}", f"trainer.iterations={iterations}",
-        f"trainer.eval_every={iterations}", "trainer.eval_episodes=32", "trainer.eval_sampled=false",
-        "trainer.target_success=null", "trainer.torch_threads=1", "sft.episodes=400", "logging.console=false",
-        "logging.tensorboard=false",
-    ]))
+    train(
+        load_config(
+            overrides=[
+                f"env.id={env_id}",
+                "engine=hf",
+                f"trainer.run_dir={run_dir}",
+                f"trainer.iterations={iterations}",
+                f"trainer.eval_every={iterations}",
+                "trainer.eval_episodes=32",
+                "trainer.eval_sampled=false",
+                "trainer.target_success=null",
+                "trainer.torch_threads=1",
+                "sft.episodes=400",
+                "logging.console=false",
+                "logging.tensorboard=false",
+            ]
+        )
+    )
     return read_metrics(run_dir)
 
 

@@ -6,9 +6,8 @@ import json
 import math
 
 import pytest
-from rich.console import Console
-
 from agent_rl.training.infra.logger import METRICS_FILE, RunLogger, iteration_table, read_metrics
+from rich.console import Console
 
 
 def test_metrics_jsonl_holds_one_sorted_record_per_iteration_and_non_finite_values_as_null(tmp_path):
@@ -56,11 +55,30 @@ def test_tensorboard_gets_every_finite_scalar(tmp_path):
 
 def test_console_table_shows_the_columns_and_a_dash_for_missing_metrics():
     console = Console(record=True, width=200)
-    record = {"iteration": 3, "rollout/success_rate": 0.625, "rollout/return": 0.5, "eval/greedy_success": 0.875,
-              "time/rollout": 4.4, "time/update": 11.6}
+    record = {
+        "iteration": 3,
+        "rollout/success_rate": 0.625,
+        "rollout/return": 0.5,
+        "eval/greedy_success": 0.875,
+        "time/rollout": 4.4,
+        "time/update": 11.6,
+    }
     console.print(iteration_table(record))
     header, *rows = [line for line in console.export_text().splitlines() if line.strip()]
-    assert header.split() == ["it", "succ", "ret", "len", "inval", "clip", "kl", "ent", "anch", "eval", "s", "r/a/u/s/e"]
+    assert header.split() == [
+        "it",
+        "succ",
+        "ret",
+        "len",
+        "inval",
+        "clip",
+        "kl",
+        "ent",
+        "anch",
+        "eval",
+        "s",
+        "r/a/u/s/e",
+    ]
     cells = rows[-1].split()
     assert cells[:5] == ["3", "0.62", "0.50", "-", "-"] and cells[-2:] == ["0.88", "4/0/12/0/0"]
 

@@ -13,10 +13,11 @@ import torch
 
 pytest.importorskip("peft", reason="peft (the lora extra) is not installed")
 
-from agent_rl.config import ConfigError, load_config  # noqa: E402
 from agent_rl.training.infra import checkpoint  # noqa: E402
-from agent_rl.training.serving.engines import write_untied_checkpoint  # noqa: E402
 from agent_rl.training.models.policy import ADAPTER_CONFIG, add_lora, is_lora, load_policy, serving_state_dict  # noqa: E402
+from agent_rl.training.serving.engines import write_untied_checkpoint  # noqa: E402
+
+from agent_rl.config import ConfigError, load_config  # noqa: E402
 
 PROMPT = [[5, 17, 42, 9, 33, 8, 71]]
 
@@ -81,8 +82,9 @@ def test_checkpoint_holds_the_adapter_and_loads_as_a_merged_policy(policy, tmp_p
     model, tokenizer = policy
     lora = lora_copy(model)
     randomize_adapters(lora)
-    path = checkpoint.save_checkpoint(tmp_path, 1, model=lora, tokenizer=tokenizer, optimizer=None, config={},
-                                      trainer_state={})
+    path = checkpoint.save_checkpoint(
+        tmp_path, 1, model=lora, tokenizer=tokenizer, optimizer=None, config={}, trainer_state={}
+    )
     files = {p.name: p.stat().st_size for p in (path / "model").iterdir()}
     assert ADAPTER_CONFIG in files and "model.safetensors" not in files
     full_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -101,10 +103,24 @@ def test_checkpoint_holds_the_adapter_and_loads_as_a_merged_policy(policy, tmp_p
 
 def test_mismatched_checkpoints_and_settings_are_clear_errors(policy, tmp_path):
     model, tokenizer = policy
-    lora_dir = checkpoint.save_checkpoint(tmp_path / "lora", 1, model=lora_copy(model), tokenizer=tokenizer,
-                                          optimizer=None, config={}, trainer_state={}) / "model"
-    full_dir = checkpoint.save_checkpoint(tmp_path / "full", 1, model=model, tokenizer=tokenizer,
-                                          optimizer=None, config={}, trainer_state={}) / "model"
+    lora_dir = (
+        checkpoint.save_checkpoint(
+            tmp_path / "lora",
+            1,
+            model=lora_copy(model),
+            tokenizer=tokenizer,
+            optimizer=None,
+            config={},
+            trainer_state={},
+        )
+        / "model"
+    )
+    full_dir = (
+        checkpoint.save_checkpoint(
+            tmp_path / "full", 1, model=model, tokenizer=tokenizer, optimizer=None, config={}, trainer_state={}
+        )
+        / "model"
+    )
     with pytest.raises(checkpoint.CheckpointError, match="holds a LoRA adapter but the model has none"):
         checkpoint.load_model_weights(copy.deepcopy(model), lora_dir)
     with pytest.raises(checkpoint.CheckpointError, match="holds no LoRA adapter"):
@@ -117,21 +133,34 @@ def test_mismatched_checkpoints_and_settings_are_clear_errors(policy, tmp_path):
         load_policy(lora_dir)
     with pytest.raises(ValueError, match=r"policy.lora_target_modules \['qkv_fused'\]"):
         lora_copy(model, targets=("qkv_fused",))
-    for override, key in (("policy.lora_rank=-1", "policy.lora_rank"), ("policy.lora_alpha=0", "policy.lora_alpha"),
-                          ("policy.lora_target_modules=[]", "policy.lora_target_modules")):
+    for override, key in (
+        ("policy.lora_rank=-1", "policy.lora_rank"),
+        ("policy.lora_alpha=0", "policy.lora_alpha"),
+        ("policy.lora_target_modules=[]", "policy.lora_target_modules"),
+    ):
         with pytest.raises(ConfigError, match=key):
             load_config(overrides=[override])
 
 
 @pytest.mark.slow
 def test_a_lora_run_changes_only_the_adapted_weights(tmp_path, policy):
-    from test_trainer import tiny_overrides  # tests/training/ is on the path
     from agent_rl.training.loop.trainer import train
+    from test_trainer import tiny_overrides  # tests/training/ is on the path
 
     model, _ = policy
     run_dir = tmp_path / "run"
-    train(load_config(overrides=tiny_overrides(run_dir, "policy.lora_rank=4", "policy.lora_target_modules=[q_proj, v_proj]",
-                                               "algo.kl_coef=0.01", "sft.lr=1e-2", "optim.lr=1e-2")))
+    train(
+        load_config(
+            overrides=tiny_overrides(
+                run_dir,
+                "policy.lora_rank=4",
+                "policy.lora_target_modules=[q_proj, v_proj]",
+                "algo.kl_coef=0.01",
+                "sft.lr=1e-2",
+                "optim.lr=1e-2",
+            )
+        )
+    )
     merged, _ = load_policy(checkpoint.find_checkpoint(run_dir, "last").model_dir)
     base, trained = model.state_dict(), merged.state_dict()
     changed = {name for name in base if not torch.equal(base[name], trained[name])}

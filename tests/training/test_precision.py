@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from agent_rl.config import ConfigError, load_config
 from agent_rl.training.infra import distributed
 from agent_rl.training.infra.distributed import bf16_supported, check_precision, forward_precision
-from agent_rl.training.serving.engines import HFEngine, SamplingParams
 from agent_rl.training.loop.learner import accumulate_policy_gradient, sequence_logprobs
+from agent_rl.training.serving.engines import HFEngine, SamplingParams
+
+from agent_rl.config import ConfigError, load_config
 
 CPU = torch.device("cpu")
 BF16_TOLERANCE = 0.05
@@ -22,8 +22,17 @@ def tiny_llama(seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=128, eos_token_id=1, pad_token_id=0)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        eos_token_id=1,
+        pad_token_id=0,
+    )
     return LlamaForCausalLM(config).eval()
 
 
@@ -70,9 +79,20 @@ def test_a_bf16_training_step_is_finite_keeps_float32_weights_and_follows_the_fl
         with torch.no_grad():
             logp, _ = sequence_logprobs(model, PROMPTS, RESPONSES)
         old = [row[: len(r)].numpy() for row, r in zip(logp, RESPONSES)]
-        loss_kwargs = dict(ratio_level="token", clip_low=0.2, clip_high=0.2, loss_agg="seq_mean_token_mean", kl_coef=0.0)
-        metrics = accumulate_policy_gradient(model, PROMPTS, RESPONSES, old, torch.tensor([1.0, -0.5, 2.0]).numpy(),
-                                             loss_kwargs=loss_kwargs, temperature=1.0, micro_batch_size=2, precision=precision)
+        loss_kwargs = dict(
+            ratio_level="token", clip_low=0.2, clip_high=0.2, loss_agg="seq_mean_token_mean", kl_coef=0.0
+        )
+        metrics = accumulate_policy_gradient(
+            model,
+            PROMPTS,
+            RESPONSES,
+            old,
+            torch.tensor([1.0, -0.5, 2.0]).numpy(),
+            loss_kwargs=loss_kwargs,
+            temperature=1.0,
+            micro_batch_size=2,
+            precision=precision,
+        )
         assert torch.isfinite(torch.tensor(metrics["loss"]))
         grads[precision] = torch.cat([p.grad.flatten() for p in model.parameters()])
         assert all(p.grad.dtype == torch.float32 and p.dtype == torch.float32 for p in model.parameters())
@@ -91,7 +111,9 @@ def engine_vs_learner_gap(model, precision: str, plain_autocast: bool = False) -
     """Largest |engine - learner| logprob of the hf engine's sampled tokens; with ``plain_autocast``
     both run in float32 code under an outer bf16 autocast, which rounds the logits to bf16 too."""
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=plain_autocast):
-        completions = HFEngine(model, _Tokenizer(), seed=3, precision=precision).generate(PROMPTS, 4, SamplingParams(1.0, 1.0, 8))
+        completions = HFEngine(model, _Tokenizer(), seed=3, precision=precision).generate(
+            PROMPTS, 4, SamplingParams(1.0, 1.0, 8)
+        )
         flat = [c for group in completions for c in group]
         prompts = [p for p in PROMPTS for _ in range(4)]
         with torch.no_grad():
@@ -124,11 +146,18 @@ def test_bf16_is_refused_where_the_device_cannot_run_it(monkeypatch, tmp_path):
     assert not bf16_supported(CPU)
     with pytest.raises(ValueError, match="AVX512-BF16 or AMX"):
         check_precision("bf16", CPU)
-    from agent_rl.training.serving.envpool import env_factory
     from agent_rl.training.loop.trainer import Trainer
+    from agent_rl.training.serving.envpool import env_factory
 
-    config = load_config(overrides=["policy.precision=bf16", f"trainer.run_dir={tmp_path}", "engine=hf", "sft.mode=none",
-                                    "logging.console=false"])
+    config = load_config(
+        overrides=[
+            "policy.precision=bf16",
+            f"trainer.run_dir={tmp_path}",
+            "engine=hf",
+            "sft.mode=none",
+            "logging.console=false",
+        ]
+    )
     with pytest.raises(ConfigError, match="'policy.precision'.*AVX512-BF16"):
         Trainer(config, model=tiny_llama(), tokenizer=_Tokenizer(), make_env=env_factory(config))
     assert distributed.PRECISIONS == ("fp32", "bf16")
@@ -139,16 +168,23 @@ def test_auto_precision_is_bf16_where_the_device_runs_it_and_the_run_records_the
     import io
 
     import yaml
-    from rich.console import Console
-
     from agent_rl.training.infra.resolution import resolve
     from agent_rl.training.loop.trainer import Trainer
     from agent_rl.training.serving.envpool import env_factory
+    from rich.console import Console
 
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
-    config = load_config(overrides=["policy.precision=auto", "policy.device=cpu", f"trainer.run_dir={tmp_path}", "engine=hf",
-                                    "sft.mode=none", "logging.tensorboard=false"])
+    config = load_config(
+        overrides=[
+            "policy.precision=auto",
+            "policy.device=cpu",
+            f"trainer.run_dir={tmp_path}",
+            "engine=hf",
+            "sft.mode=none",
+            "logging.tensorboard=false",
+        ]
+    )
     console = Console(file=io.StringIO(), width=200)
     trainer = Trainer(config, model=tiny_llama(), tokenizer=_Tokenizer(), make_env=env_factory(config), console=console)
     chosen = "bf16" if native else "fp32"

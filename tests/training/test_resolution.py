@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import agent_rl.training.infra.resolution as resolution
-from agent_rl.config import Config, config_to_dict, load_config, save_config
 from agent_rl.training.infra.resolution import resolve
+
+from agent_rl.config import Config, config_to_dict, load_config, save_config
 
 
 def test_resolve_makes_every_open_choice_once(monkeypatch):
@@ -17,11 +18,19 @@ def test_resolve_makes_every_open_choice_once(monkeypatch):
     assert resolve(load_config("minicode")).env.anchor_key == "fingerprint"
     assert resolve(load_config("minicode", ["env.anchor_key=observation"])).env.anchor_key == "observation"
     # A label for a user's environment factory: no registered default (sft.mode=auto would need the env).
-    assert resolve(load_config(overrides=["env.id=label/NotRegistered-v0", "sft.mode=none"])).env.anchor_key == "observation"
+    assert (
+        resolve(load_config(overrides=["env.id=label/NotRegistered-v0", "sft.mode=none"])).env.anchor_key
+        == "observation"
+    )
     # Dr.GRPO's constant normalizer is the generation limit, unless set.
     drgrpo = load_config(overrides=["algo=drgrpo", "rollout.max_new_tokens=7"])
     assert resolve(drgrpo).algo.loss_kwargs["norm_length"] == 7
-    assert resolve(load_config(overrides=["algo=drgrpo", "algo.loss_kwargs.norm_length=30"])).algo.loss_kwargs["norm_length"] == 30
+    assert (
+        resolve(load_config(overrides=["algo=drgrpo", "algo.loss_kwargs.norm_length=30"])).algo.loss_kwargs[
+            "norm_length"
+        ]
+        == 30
+    )
     assert resolve(Config()).algo.loss_kwargs["norm_length"] is None  # gigpo's gspo_token needs none
     # The input is left alone, and resolving twice changes nothing.
     config = Config()

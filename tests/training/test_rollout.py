@@ -6,15 +6,15 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from gymnasium import spaces
-
 from agent_rl.envs import register_text_env
-from agent_rl.config import RolloutConfig
-from agent_rl.training.serving.engines import Completion, HFEngine, SamplingParams
-from agent_rl.training.serving.envpool import RegisteredEnv
 from agent_rl.training.loop.evaluation import evaluate
 from agent_rl.training.loop.learner import sequence_logprobs
 from agent_rl.training.loop.rollout import collect_rollouts, overlong_shaping
+from agent_rl.training.serving.engines import Completion, HFEngine, SamplingParams
+from agent_rl.training.serving.envpool import RegisteredEnv
+from gymnasium import spaces
+
+from agent_rl.config import RolloutConfig
 
 
 def one_round(**kwargs) -> RolloutConfig:
@@ -50,8 +50,14 @@ class CoinEnv(gym.Env):
         return observation, float(won), done, False, self._info(valid, None if valid else f"unknown {action}", won)
 
     def _info(self, valid, error, won):
-        return {"anchor": f"t={self.t}", "action_valid": valid, "error": error, "won": won, "task": "say heads",
-                "admissible_actions": ["heads", "tails"]}
+        return {
+            "anchor": f"t={self.t}",
+            "action_valid": valid,
+            "error": error,
+            "won": won,
+            "task": "say heads",
+            "admissible_actions": ["heads", "tails"],
+        }
 
 
 register_text_env("test_rollout/Coin-v0", CoinEnv, description="Say heads; a test env.", default_anchor="observation")
@@ -149,7 +155,9 @@ def test_one_batched_generate_call_per_turn_and_rewards(policy):
     _, tokenizer = policy
     engine = ScriptedEngine(tokenizer)
     config = one_round(n_groups=3, group_size=2, max_turns=5)
-    batch, stats = collect_rollouts(RegisteredEnv("test_rollout/Coin-v0", {"steps": 3}), engine, tokenizer, config, np.random.default_rng(1))
+    batch, stats = collect_rollouts(
+        RegisteredEnv("test_rollout/Coin-v0", {"steps": 3}), engine, tokenizer, config, np.random.default_rng(1)
+    )
     assert [size for size, _ in engine.calls] == [6, 6, 6]  # every active env, one call per turn
     check_batch_invariants(batch, config)
     replay_matches(batch, "test_rollout/Coin-v0", {"steps": 3})
@@ -164,8 +172,16 @@ def test_one_batched_generate_call_per_turn_and_rewards(policy):
 @pytest.mark.parametrize("history_observations", [True, False])
 def test_history_observations_reach_the_prompts(policy, history_observations):
     _, tokenizer = policy
-    config = one_round(n_groups=1, group_size=1, max_turns=3, history_turns=2, history_observations=history_observations)
-    batch, _ = collect_rollouts(RegisteredEnv("test_rollout/Coin-v0", {"steps": 3}), ScriptedEngine(tokenizer), tokenizer, config, np.random.default_rng(0))
+    config = one_round(
+        n_groups=1, group_size=1, max_turns=3, history_turns=2, history_observations=history_observations
+    )
+    batch, _ = collect_rollouts(
+        RegisteredEnv("test_rollout/Coin-v0", {"steps": 3}),
+        ScriptedEngine(tokenizer),
+        tokenizer,
+        config,
+        np.random.default_rng(0),
+    )
     last_prompt = tokenizer.decode(batch.prompt_ids[-1])
     assert "[Action 2]" in last_prompt
     assert ("[Observation 2]" in last_prompt) == history_observations
@@ -181,7 +197,11 @@ def test_system_prompt_reaches_rollout_and_warm_start_prompts_alike(policy, syst
     make_env = RegisteredEnv("test_rollout/Coin-v0", {"steps": 2})
     batch, _ = collect_rollouts(make_env, ScriptedEngine(tokenizer), tokenizer, config, np.random.default_rng(0))
     demos = collect_demonstrations(
-        make_env, tokenizer, config, mode="random", rng=np.random.default_rng(0),
+        make_env,
+        tokenizer,
+        config,
+        mode="random",
+        rng=np.random.default_rng(0),
         seeds=draw_seeds(np.random.default_rng(0), 1, set()),  # the seed the rollout drew
     )
     assert demos.prompts[0] == batch.prompt_ids[0].tolist()  # the first turn: no history, same observation
@@ -191,7 +211,13 @@ def test_system_prompt_reaches_rollout_and_warm_start_prompts_alike(policy, syst
 def test_max_turns_cuts_and_marks_truncation(policy):
     _, tokenizer = policy
     config = one_round(n_groups=1, group_size=2, max_turns=2)
-    batch, _ = collect_rollouts(RegisteredEnv("test_rollout/Coin-v0", {"steps": 5}), ScriptedEngine(tokenizer), tokenizer, config, np.random.default_rng(0))
+    batch, _ = collect_rollouts(
+        RegisteredEnv("test_rollout/Coin-v0", {"steps": 5}),
+        ScriptedEngine(tokenizer),
+        tokenizer,
+        config,
+        np.random.default_rng(0),
+    )
     assert batch.t.tolist() == [0, 1, 0, 1] and batch.done.tolist() == [False, True, False, True]
     assert batch.truncated.tolist() == [False, True, False, True]
 
@@ -199,7 +225,13 @@ def test_max_turns_cuts_and_marks_truncation(policy):
 def test_dynamic_sampling_drops_only_zero_variance_groups(policy):
     _, tokenizer = policy
     config = one_round(n_groups=4, group_size=4, max_turns=2, dynamic_sampling=True, max_resample_rounds=20)
-    batch, stats = collect_rollouts(RegisteredEnv("test_rollout/Coin-v0", {}), ScriptedEngine(tokenizer), tokenizer, config, np.random.default_rng(0))
+    batch, stats = collect_rollouts(
+        RegisteredEnv("test_rollout/Coin-v0", {}),
+        ScriptedEngine(tokenizer),
+        tokenizer,
+        config,
+        np.random.default_rng(0),
+    )
     assert stats["batch_groups"] == 4 and len(np.unique(batch.group_id)) == 4
     for g in np.unique(batch.group_id):
         assert np.ptp(batch.reward[batch.group_id == g]) > 0  # mixed groups only
@@ -215,7 +247,9 @@ def test_dynamic_sampling_drops_only_zero_variance_groups(policy):
     assert stats["trajectories"] == config.group_size * (fourth_odd + 1) and stats["rounds"] >= 2
     # Without dynamic sampling every group stays.
     plain = one_round(n_groups=4, group_size=4, max_turns=2)
-    batch, stats = collect_rollouts(RegisteredEnv("test_rollout/Coin-v0", {}), ScriptedEngine(tokenizer), tokenizer, plain, np.random.default_rng(0))
+    batch, stats = collect_rollouts(
+        RegisteredEnv("test_rollout/Coin-v0", {}), ScriptedEngine(tokenizer), tokenizer, plain, np.random.default_rng(0)
+    )
     assert stats["dropped_groups"] == 0 and len(np.unique(batch.group_id)) == 4
 
 
@@ -223,7 +257,9 @@ def test_dynamic_sampling_stops_at_the_round_cap(policy):
     _, tokenizer = policy
     engine = ScriptedEngine(tokenizer, token_ids=tokenizer("heads", add_special_tokens=False)["input_ids"])
     config = one_round(n_groups=2, group_size=2, dynamic_sampling=True, max_resample_rounds=2)
-    batch, stats = collect_rollouts(RegisteredEnv("test_rollout/Coin-v0", {}), engine, tokenizer, config, np.random.default_rng(0))
+    batch, stats = collect_rollouts(
+        RegisteredEnv("test_rollout/Coin-v0", {}), engine, tokenizer, config, np.random.default_rng(0)
+    )
     assert len(batch) == 0 and stats["rounds"] == 3 and stats["dropped_groups"] == 6
 
 
@@ -231,8 +267,13 @@ def test_min_batch_rows_plays_rounds_until_the_batch_is_that_long(policy):
     _, tokenizer = policy
     # One-step episodes: 2 groups x 2 = 4 rows a round, so 10 rows take 3 rounds: 12 rows in 6 groups.
     config = RolloutConfig(n_groups=2, group_size=2, max_turns=2, min_batch_rows=10, max_resample_rounds=5)
-    batch, stats = collect_rollouts(RegisteredEnv("test_rollout/Coin-v0", {}), ScriptedEngine(tokenizer), tokenizer, config,
-                                    np.random.default_rng(0))
+    batch, stats = collect_rollouts(
+        RegisteredEnv("test_rollout/Coin-v0", {}),
+        ScriptedEngine(tokenizer),
+        tokenizer,
+        config,
+        np.random.default_rng(0),
+    )
     check_batch_invariants(batch, config)
     assert stats["rounds"] == 3 and len(batch) == 12 and len(np.unique(batch.group_id)) == 6
     assert stats["batch_rows"] == 12 and stats["trajectories"] == 12
@@ -249,7 +290,13 @@ def test_an_environment_that_raises_fails_only_its_trajectory(policy):
     _, tokenizer = policy
     kwargs = {"steps": 3, "fail_modulo": 3}  # seed % 3 == 1 raises in reset, seed % 3 == 0 in step 2
     config = one_round(n_groups=9, group_size=2, max_turns=4)
-    batch, stats = collect_rollouts(RegisteredEnv("test_rollout/Coin-v0", kwargs), ScriptedEngine(tokenizer), tokenizer, config, np.random.default_rng(5))
+    batch, stats = collect_rollouts(
+        RegisteredEnv("test_rollout/Coin-v0", kwargs),
+        ScriptedEngine(tokenizer),
+        tokenizer,
+        config,
+        np.random.default_rng(5),
+    )
     rng = np.random.default_rng(5)
     seeds = np.array([int(rng.integers(0, 2**31 - 1)) for _ in range(9)])
     bad = np.isin(seeds % 3, [0, 1])
@@ -266,7 +313,13 @@ def test_garbage_output_is_an_invalid_action(policy):
     config = one_round(n_groups=1, group_size=2, max_turns=2)
     for parser in ("first_line", "action_tag"):
         engine = ScriptedEngine(tokenizer, token_ids=garbage)
-        batch, stats = collect_rollouts(RegisteredEnv("test_rollout/Coin-v0", {"steps": 2}), engine, tokenizer, RolloutConfig(**{**config.__dict__, "parser": parser}), np.random.default_rng(0))
+        batch, stats = collect_rollouts(
+            RegisteredEnv("test_rollout/Coin-v0", {"steps": 2}),
+            engine,
+            tokenizer,
+            RolloutConfig(**{**config.__dict__, "parser": parser}),
+            np.random.default_rng(0),
+        )
         assert not batch.action_valid.any() and stats["invalid_action_rate"] == 1.0
         if parser == "action_tag":
             assert set(batch.action) == {""}
@@ -279,7 +332,9 @@ def test_overlong_responses_are_marked_and_shaped(policy):
     heads = tokenizer("heads", add_special_tokens=False)["input_ids"]
     engine = ScriptedEngine(tokenizer, token_ids=heads, finish_reason="length")
     config = one_round(n_groups=1, group_size=2, max_new_tokens=len(heads), overlong_penalty=0.25)
-    batch, stats = collect_rollouts(RegisteredEnv("test_rollout/Coin-v0", {}), engine, tokenizer, config, np.random.default_rng(0))
+    batch, stats = collect_rollouts(
+        RegisteredEnv("test_rollout/Coin-v0", {}), engine, tokenizer, config, np.random.default_rng(0)
+    )
     assert batch.overlong.all() and stats["overlong_rate"] == 1.0
     assert batch.reward.tolist() == [0.75, 0.75] and batch.extras["overlong_penalty"].tolist() == [-0.25, -0.25]
 
@@ -290,7 +345,9 @@ def test_evaluate_reports_success_and_uses_greedy_decoding(policy):
     result = evaluate(RegisteredEnv("test_rollout/Coin-v0", {"steps": 2}), engine, tokenizer, [2, 4, 6])
     assert result["n"] == 3 and result["success_rate"] == 1.0 and result["mean_length"] == 2.0
     assert result["mean_return"] == 1.0 and all(sampling.greedy for _, sampling in engine.calls)
-    result = evaluate(RegisteredEnv("test_rollout/Coin-v0", {}), ScriptedEngine(tokenizer), tokenizer, [1, 3], greedy=False)
+    result = evaluate(
+        RegisteredEnv("test_rollout/Coin-v0", {}), ScriptedEngine(tokenizer), tokenizer, [1, 3], greedy=False
+    )
     assert result["success_rate"] == 0.5  # mixed mode: positions 0/1 say heads/tails
     with pytest.raises(ValueError, match="seed"):
         evaluate(RegisteredEnv("test_rollout/Coin-v0", {}), engine, tokenizer, [])
@@ -299,8 +356,12 @@ def test_evaluate_reports_success_and_uses_greedy_decoding(policy):
 def test_rollout_config_is_validated(policy):
     from agent_rl.config import ConfigError, check_rollout, load_config
 
-    for bad, key in (({"n_groups": 0}, "rollout.n_groups"), ({"parser": "xml"}, "rollout.parser"),
-                     ({"max_new_tokens": 4, "overlong_buffer": 5}, "rollout.overlong_buffer"), ({"top_p": 0.0}, "rollout.top_p")):
+    for bad, key in (
+        ({"n_groups": 0}, "rollout.n_groups"),
+        ({"parser": "xml"}, "rollout.parser"),
+        ({"max_new_tokens": 4, "overlong_buffer": 5}, "rollout.overlong_buffer"),
+        ({"top_p": 0.0}, "rollout.top_p"),
+    ):
         with pytest.raises(ConfigError, match=f"config key '{key}'"):
             check_rollout(RolloutConfig(**bad))
     with pytest.raises(ConfigError, match="config key 'rollout.n_groups': must be >= 1, got 0"):
@@ -308,8 +369,13 @@ def test_rollout_config_is_validated(policy):
     # A section built in Python is checked where rollouts start.
     _, tokenizer = policy
     with pytest.raises(ConfigError, match="rollout.top_p"):
-        collect_rollouts(lambda: CoinEnv(steps=2), ScriptedEngine(tokenizer), tokenizer, RolloutConfig(top_p=2.0),
-                         np.random.default_rng(0))
+        collect_rollouts(
+            lambda: CoinEnv(steps=2),
+            ScriptedEngine(tokenizer),
+            tokenizer,
+            RolloutConfig(top_p=2.0),
+            np.random.default_rng(0),
+        )
 
 
 def test_rollouts_take_any_environment_factory_or_a_pool(policy):
@@ -318,19 +384,24 @@ def test_rollouts_take_any_environment_factory_or_a_pool(policy):
 
     _, tokenizer = policy
     config = one_round(n_groups=2, group_size=2, max_turns=3)
-    by_class, _ = collect_rollouts(lambda: CoinEnv(steps=2), ScriptedEngine(tokenizer), tokenizer, config, np.random.default_rng(3))
+    by_class, _ = collect_rollouts(
+        lambda: CoinEnv(steps=2), ScriptedEngine(tokenizer), tokenizer, config, np.random.default_rng(3)
+    )
     pool = LocalEnvPool(lambda: CoinEnv(steps=2), 4)
     by_pool, _ = collect_rollouts(pool, ScriptedEngine(tokenizer), tokenizer, config, np.random.default_rng(3))
     assert by_class.action == by_pool.action and by_class.observation == by_pool.observation
     assert pool.env_id == "CoinEnv" and pool.has_oracle is False
     with pytest.raises(ValueError, match="the pool holds 4 'CoinEnv' environments; 6 are needed"):
-        collect_rollouts(pool, ScriptedEngine(tokenizer), tokenizer, one_round(n_groups=3, group_size=2), np.random.default_rng(3))
+        collect_rollouts(
+            pool, ScriptedEngine(tokenizer), tokenizer, one_round(n_groups=3, group_size=2), np.random.default_rng(3)
+        )
     pool.close()
 
 
 def test_context_anchor_keys_follow_the_prompt_history():
-    from agent_rl.batch import StepBatch
     from agent_rl.training.loop.rollout import anchor_keys
+
+    from agent_rl.batch import StepBatch
 
     # One trajectory revisits state s0 after different actions; a prompt with one history turn
     # tells the two visits apart, a prompt with none does not.

@@ -10,13 +10,19 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-
 import user_env_example  # noqa: F401  (registers usertest/Counter-v0)
-from agent_rl.config import RolloutConfig
 from agent_rl.envs import oracle_actions
-from agent_rl.training.serving.envpool import RegisteredEnv
+from agent_rl.training.loop.sft import (
+    Demonstrations,
+    collect_demonstrations,
+    scheduled_lr,
+    supervised_step,
+    train_supervised,
+)
 from agent_rl.training.models.prompts import PromptFormat, Turn
-from agent_rl.training.loop.sft import Demonstrations, collect_demonstrations, scheduled_lr, supervised_step, train_supervised
+from agent_rl.training.serving.envpool import RegisteredEnv
+
+from agent_rl.config import RolloutConfig
 
 COUNTER = RegisteredEnv("usertest/Counter-v0", {"max_target": 5, "max_steps": 40})
 
@@ -40,8 +46,16 @@ def _pairs(demos: Demonstrations, tokenizer):
 
 def _counter_demonstrations(tokenizer, perturb: float, episodes: int = 20, epsilon: float = 0.0):
     config = RolloutConfig(max_turns=40, history_turns=40, max_prompt_tokens=2048)
-    demos = collect_demonstrations(COUNTER, tokenizer, config, mode="oracle", seeds=range(episodes),
-                                   rng=np.random.default_rng(0), perturb=perturb, epsilon=epsilon)
+    demos = collect_demonstrations(
+        COUNTER,
+        tokenizer,
+        config,
+        mode="oracle",
+        seeds=range(episodes),
+        rng=np.random.default_rng(0),
+        perturb=perturb,
+        epsilon=epsilon,
+    )
     return demos, _pairs(demos, tokenizer)
 
 
@@ -70,7 +84,9 @@ def test_epsilon_demonstrations_clone_random_admissible_actions_too(tokenizer):
     demos, pairs = _counter_demonstrations(tokenizer, perturb=0.0, epsilon=0.3)
     wrong = [action != ("inc" if value < target else "dec") for target, value, _, action in pairs]
     # Every turn is cloned (the history holds exactly the cloned actions) ...
-    assert all(history == [a for t, v, h, a in pairs[i - len(history) : i]] for i, (_, _, history, _) in enumerate(pairs))
+    assert all(
+        history == [a for t, v, h, a in pairs[i - len(history) : i]] for i, (_, _, history, _) in enumerate(pairs)
+    )
     # ... about 30% are uniform draws of {inc, dec}, so about 15% go the wrong way, and the oracle
     # plans again from there: the episodes are still won.
     assert 0.08 < np.mean(wrong) < 0.25
@@ -81,7 +97,9 @@ def test_epsilon_demonstrations_clone_random_admissible_actions_too(tokenizer):
 
 def test_random_demonstrations_clone_admissible_actions_in_the_rollout_format(tokenizer):
     config = RolloutConfig(max_turns=3, history_turns=1, parser="action_tag", system_prompt="")
-    demos = collect_demonstrations(COUNTER, tokenizer, config, mode="random", seeds=[0, 1, 2], rng=np.random.default_rng(4))
+    demos = collect_demonstrations(
+        COUNTER, tokenizer, config, mode="random", seeds=[0, 1, 2], rng=np.random.default_rng(4)
+    )
     assert len(demos) == 9 and demos.episodes == 3  # no Counter episode ends within 3 random steps of 5
     texts = [tokenizer.decode(r, skip_special_tokens=True) for r in demos.responses]
     assert set(texts) <= {"<action>inc</action>", "<action>dec</action>"} and len(set(texts)) == 2
@@ -89,8 +107,9 @@ def test_random_demonstrations_clone_admissible_actions_in_the_rollout_format(to
     assert "<|system|>" not in first and "Admissible actions: inc | dec" in first
 
 
-def _reference_demonstrations(make_env, tokenizer, config: RolloutConfig, mode: str, seeds, rng, perturb: float,
-                              epsilon: float):
+def _reference_demonstrations(
+    make_env, tokenizer, config: RolloutConfig, mode: str, seeds, rng, perturb: float, epsilon: float
+):
     """The warm start's demonstrations written as one plain loop over a single environment."""
     fmt = PromptFormat.from_rollout(config)
     env = make_env()
@@ -119,7 +138,9 @@ def _reference_demonstrations(make_env, tokenizer, config: RolloutConfig, mode: 
                 explore = False
                 action = admissible[int(rng.integers(len(admissible)))]
             prompts.append(fmt.prompt_ids(tokenizer, info["task"], history, observation, admissible))
-            responses.append(tokenizer(fmt.response_text(action), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])
+            responses.append(
+                tokenizer(fmt.response_text(action), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            )
             history.append(Turn(observation, action))
             observation, _, terminated, truncated, info = env.step(action)
             if terminated or truncated:
@@ -129,18 +150,28 @@ def _reference_demonstrations(make_env, tokenizer, config: RolloutConfig, mode: 
     return prompts, responses
 
 
-@pytest.mark.parametrize("mode, perturb, epsilon", [("oracle", 0.0, 0.0), ("oracle", 0.3, 0.0), ("oracle", 0.2, 0.5),
-                                                     ("random", 0.0, 0.0)])
+@pytest.mark.parametrize(
+    "mode, perturb, epsilon", [("oracle", 0.0, 0.0), ("oracle", 0.3, 0.0), ("oracle", 0.2, 0.5), ("random", 0.0, 0.0)]
+)
 def test_demonstrations_follow_the_seeds_and_random_draws_in_episode_order(tokenizer, mode, perturb, epsilon):
     """The episode loop plays demonstrations exactly as a plain per-episode loop does: same pairs,
     same order, the same random draws (Maze: locked doors, keys, dead ends)."""
     make_env = RegisteredEnv("agent_rl/Maze-v0", {"n_rooms": 4, "n_locked_doors": 1, "dead_ends": 1, "max_steps": 12})
     config = RolloutConfig(max_turns=10, history_turns=1)
     seeds = [3, 17, 29, 41]
-    demos = collect_demonstrations(make_env, tokenizer, config, mode=mode, seeds=seeds, rng=np.random.default_rng(9),
-                                   perturb=perturb, epsilon=epsilon)
-    prompts, responses = _reference_demonstrations(make_env, tokenizer, config, mode, seeds, np.random.default_rng(9), perturb,
-                                                   epsilon)
+    demos = collect_demonstrations(
+        make_env,
+        tokenizer,
+        config,
+        mode=mode,
+        seeds=seeds,
+        rng=np.random.default_rng(9),
+        perturb=perturb,
+        epsilon=epsilon,
+    )
+    prompts, responses = _reference_demonstrations(
+        make_env, tokenizer, config, mode, seeds, np.random.default_rng(9), perturb, epsilon
+    )
     assert len(demos) > len(seeds)
     assert demos.prompts == prompts and demos.responses == responses
 
@@ -161,23 +192,36 @@ class _BareTextEnv(gym.Env):
 
 @pytest.mark.parametrize(
     "mode, message",
-    [("oracle", "sft.mode=oracle needs an environment with an oracle\\(\\) method and _BareTextEnv has none"),
-     ("random", "sft.mode=random needs info\\['admissible_actions'\\] at every turn, and the info "
-                "_BareTextEnv's reset\\(\\) returned for turn 0 has none"),
-     ("expert", "SFT mode must be 'random' or 'oracle'")],
+    [
+        ("oracle", "sft.mode=oracle needs an environment with an oracle\\(\\) method and _BareTextEnv has none"),
+        (
+            "random",
+            "sft.mode=random needs info\\['admissible_actions'\\] at every turn, and the info "
+            "_BareTextEnv's reset\\(\\) returned for turn 0 has none",
+        ),
+        ("expert", "SFT mode must be 'random' or 'oracle'"),
+    ],
 )
 def test_demonstrations_name_what_the_environment_lacks(tokenizer, mode, message):
     with pytest.raises(ValueError, match=message):
-        collect_demonstrations(_BareTextEnv, tokenizer, RolloutConfig(max_turns=2), mode=mode, seeds=[0],
-                               rng=np.random.default_rng(0))
+        collect_demonstrations(
+            _BareTextEnv, tokenizer, RolloutConfig(max_turns=2), mode=mode, seeds=[0], rng=np.random.default_rng(0)
+        )
 
 
 def _tiny_lm(vocab_size: int):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+    )
     return Qwen2ForCausalLM(config)
 
 
@@ -199,12 +243,16 @@ def test_supervised_step_is_the_mean_token_cross_entropy_of_the_responses():
 def test_supervised_training_learns_a_fixed_reply():
     model = _tiny_lm(12)
     demos = Demonstrations(prompts=[[1, 2, 3], [1, 4], [5, 2, 2]], responses=[[9, 10]] * 3, episodes=3, successes=1)
-    metrics = train_supervised(model, demos, steps=60, lr=1e-2, batch_size=2, rng=np.random.default_rng(0), progress=False)
+    metrics = train_supervised(
+        model, demos, steps=60, lr=1e-2, batch_size=2, rng=np.random.default_rng(0), progress=False
+    )
     assert metrics["sft/token_accuracy"] == 1.0 and metrics["sft/loss"] < 0.1
     assert metrics["sft/pairs"] == 3 and metrics["sft/demo_success_rate"] == pytest.approx(1 / 3)
     assert not model.training
     with pytest.raises(ValueError, match="no SFT demonstrations"):
-        train_supervised(model, Demonstrations([], [], 1, 0), steps=1, lr=1e-3, batch_size=1, rng=np.random.default_rng(0))
+        train_supervised(
+            model, Demonstrations([], [], 1, 0), steps=1, lr=1e-3, batch_size=1, rng=np.random.default_rng(0)
+        )
 
 
 def test_cosine_schedule_warms_up_then_decays_towards_zero():
@@ -230,8 +278,16 @@ def test_supervised_training_steps_with_the_scheduled_learning_rate(monkeypatch)
 
     monkeypatch.setattr(sft, "supervised_step", recording_step)
     demos = Demonstrations(prompts=[[1, 2], [3]], responses=[[4]] * 2, episodes=2, successes=2)
-    train_supervised(_tiny_lm(8), demos, steps=40, lr=2.0, batch_size=1, rng=np.random.default_rng(0),
-                     schedule="cosine", progress=False)
+    train_supervised(
+        _tiny_lm(8),
+        demos,
+        steps=40,
+        lr=2.0,
+        batch_size=1,
+        rng=np.random.default_rng(0),
+        schedule="cosine",
+        progress=False,
+    )
     assert seen == pytest.approx([scheduled_lr(s, 40, 2.0, "cosine") for s in range(40)])
 
 
@@ -239,16 +295,24 @@ def test_supervised_training_steps_with_the_scheduled_learning_rate(monkeypatch)
 def test_warm_start_warns_when_demonstrated_replies_exceed_the_generation_limit(policy, max_new_tokens, warned):
     import copy
 
+    from agent_rl.training.loop.sft import warm_start
     from rich.console import Console
 
     from agent_rl.config import load_config
-    from agent_rl.training.loop.sft import warm_start
 
     model, tokenizer = policy
-    config = load_config(overrides=[
-        "env.id=usertest/Counter-v0", "env.kwargs={max_target: 3, max_steps: 10}", "sft.mode=oracle", "sft.steps=1",
-        "sft.episodes=2", "sft.batch_size=2", f"rollout.max_new_tokens={max_new_tokens}", "logging.console=false",
-    ])
+    config = load_config(
+        overrides=[
+            "env.id=usertest/Counter-v0",
+            "env.kwargs={max_target: 3, max_steps: 10}",
+            "sft.mode=oracle",
+            "sft.steps=1",
+            "sft.episodes=2",
+            "sft.batch_size=2",
+            f"rollout.max_new_tokens={max_new_tokens}",
+            "logging.console=false",
+        ]
+    )
     console = Console(record=True, width=400)
     metrics = warm_start(copy.deepcopy(model), tokenizer, COUNTER, config, console)
     # Every reply is an action plus the end-of-sequence token: at least 2 tokens, at most a few.
@@ -270,23 +334,28 @@ class _Scripted:
         from agent_rl.training.loop.rollout import Move
 
         return [
-            Move(self.action, self.format.prompt_ids(self.tokenizer, e.task, e.history, e.observation, e.admissible_actions),
-                 [1, 2], [-0.5, -0.5])
+            Move(
+                self.action,
+                self.format.prompt_ids(self.tokenizer, e.task, e.history, e.observation, e.admissible_actions),
+                [1, 2],
+                [-0.5, -0.5],
+            )
             for e in episodes
         ]
 
 
 @pytest.mark.parametrize("played, won", [("dec", False), ("inc", True)])
 def test_dagger_plays_the_policy_and_clones_the_oracle_from_where_it_led(tokenizer, played, won):
-    from agent_rl.training.serving.envpool import env_pool
     from agent_rl.training.loop.rollout import PlayStats, play_episodes
     from agent_rl.training.loop.sft import OracleLabeller, demonstrations_of
+    from agent_rl.training.serving.envpool import env_pool
 
     config = RolloutConfig(max_turns=6, history_turns=40, max_prompt_tokens=2048)
     policy = _Scripted(tokenizer, played)
     with env_pool(COUNTER, 3) as pool:
-        episodes = play_episodes(pool, OracleLabeller(policy, pool, tokenizer, policy.format), [0, 1, 2], [0, 1, 2],
-                                 config, PlayStats())
+        episodes = play_episodes(
+            pool, OracleLabeller(policy, pool, tokenizer, policy.format), [0, 1, 2], [0, 1, 2], config, PlayStats()
+        )
     demos = demonstrations_of(episodes)
     pairs = _pairs(demos, tokenizer)
     # The history is what the policy played; every label is the oracle's move from there.
@@ -316,8 +385,8 @@ def test_dagger_does_not_label_a_turn_without_a_winning_plan(tokenizer):
 
 
 def test_collect_dagger_plays_the_engine_greedily_in_batches(policy):
-    from agent_rl.training.serving.engines import HFEngine
     from agent_rl.training.loop.sft import collect_dagger
+    from agent_rl.training.serving.engines import HFEngine
 
     model, tokenizer = policy
     config = RolloutConfig(max_turns=3, history_turns=3, max_prompt_tokens=2048, max_new_tokens=4)
@@ -351,8 +420,9 @@ def test_supervised_training_draws_half_of_each_batch_from_the_dagger_pairs_afte
         modes.append(model.training)
         return extra
 
-    metrics = train_supervised(model, demos, steps=6, lr=1e-3, batch_size=4, rng=np.random.default_rng(0),
-                               progress=False, dagger=(4, collect))
+    metrics = train_supervised(
+        model, demos, steps=6, lr=1e-3, batch_size=4, rng=np.random.default_rng(0), progress=False, dagger=(4, collect)
+    )
     assert modes == [False]  # collected once, with the model in eval mode
     assert [sorted(b) for b in batches] == [[1, 1, 1, 1]] * 4 + [[1, 1, 7, 7]] * 2
     assert metrics["sft/dagger_pairs"] == 3 and metrics["sft/dagger_success_rate"] == pytest.approx(0.4)
@@ -366,16 +436,26 @@ def test_supervised_training_draws_half_of_each_batch_from_the_dagger_pairs_afte
 def test_warm_start_runs_the_dagger_round_on_the_engine(policy):
     import copy
 
-    from agent_rl.config import load_config
-    from agent_rl.training.serving.engines import HFEngine
     from agent_rl.training.loop.sft import warm_start
+    from agent_rl.training.serving.engines import HFEngine
+
+    from agent_rl.config import load_config
 
     model, tokenizer = policy
-    config = load_config(overrides=[
-        "env.id=usertest/Counter-v0", "env.kwargs={max_target: 3, max_steps: 10}", "sft.mode=oracle", "sft.steps=3",
-        "sft.episodes=2", "sft.batch_size=2", "sft.dagger_episodes=3", "sft.dagger_fraction=0.4", "rollout.max_turns=4",
-        "logging.console=false",
-    ])
+    config = load_config(
+        overrides=[
+            "env.id=usertest/Counter-v0",
+            "env.kwargs={max_target: 3, max_steps: 10}",
+            "sft.mode=oracle",
+            "sft.steps=3",
+            "sft.episodes=2",
+            "sft.batch_size=2",
+            "sft.dagger_episodes=3",
+            "sft.dagger_fraction=0.4",
+            "rollout.max_turns=4",
+            "logging.console=false",
+        ]
+    )
     clone = copy.deepcopy(model)
     metrics = warm_start(clone, tokenizer, COUNTER, config, engine=HFEngine(clone, tokenizer))
     assert metrics["sft/dagger_pairs"] >= 3 and 0.0 <= metrics["sft/dagger_success_rate"] <= 1.0
@@ -425,10 +505,19 @@ def test_format_accuracy_is_the_share_of_replies_naming_a_listed_action(tokenize
 def _random_warm_start_config(*extra):
     from agent_rl.config import load_config
 
-    return load_config(overrides=[
-        "env.id=usertest/Counter-v0", "env.kwargs={max_target: 3, max_steps: 10}", "sft.mode=random", "sft.steps=200",
-        "sft.episodes=60", "sft.batch_size=4", "rollout.max_turns=4", "logging.console=false", *extra,
-    ])
+    return load_config(
+        overrides=[
+            "env.id=usertest/Counter-v0",
+            "env.kwargs={max_target: 3, max_steps: 10}",
+            "sft.mode=random",
+            "sft.steps=200",
+            "sft.episodes=60",
+            "sft.batch_size=4",
+            "rollout.max_turns=4",
+            "logging.console=false",
+            *extra,
+        ]
+    )
 
 
 def test_the_random_warm_start_stops_at_the_first_check_that_reaches_the_format_target(policy, monkeypatch):
@@ -445,7 +534,9 @@ def test_the_random_warm_start_stops_at_the_first_check_that_reaches_the_format_
         return next(measured)
 
     monkeypatch.setattr(sft, "format_accuracy", scripted)
-    metrics = sft.warm_start(copy.deepcopy(model), tokenizer, COUNTER, _random_warm_start_config("sft.format_target=0.95"))
+    metrics = sft.warm_start(
+        copy.deepcopy(model), tokenizer, COUNTER, _random_warm_start_config("sft.format_target=0.95")
+    )
     # Checks after 25, 50 and 75 steps; the third reaches 0.95.
     assert metrics["sft/steps_taken"] == 3 * sft.FORMAT_CHECK_EVERY and metrics["sft/format_accuracy"] == 0.96
     assert seen_probes == [sft.FORMAT_PROBES] * 3
@@ -459,7 +550,9 @@ def test_the_random_warm_start_clones_every_step_without_a_target_and_stops_at_t
     from agent_rl.training.loop.sft import warm_start
 
     model, tokenizer = policy
-    full = warm_start(copy.deepcopy(model), tokenizer, COUNTER, _random_warm_start_config("sft.format_target=null", "sft.steps=30"))
+    full = warm_start(
+        copy.deepcopy(model), tokenizer, COUNTER, _random_warm_start_config("sft.format_target=null", "sft.steps=30")
+    )
     assert full["sft/steps_taken"] == 30 and "sft/format_accuracy" not in full
     bounded = warm_start(copy.deepcopy(model), tokenizer, COUNTER, _random_warm_start_config("sft.max_seconds=1e-9"))
     assert bounded["sft/steps_taken"] == 1  # the bound is checked after every step

@@ -8,8 +8,8 @@ import io
 import json
 import os
 import random
-import subprocess
 import string
+import subprocess
 import sys
 from pathlib import Path
 
@@ -17,14 +17,14 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from agent_rl.training.infra import checkpoint
+from agent_rl.training.infra.logger import read_metrics
+from agent_rl.training.loop.trainer import NONFINITE_STOP, NonFiniteUpdates, Trainer, train
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
 from agent_rl.config import ConfigError, load_config
-from agent_rl.training.infra import checkpoint
-from agent_rl.training.infra.logger import read_metrics
-from agent_rl.training.loop.trainer import NONFINITE_STOP, NonFiniteUpdates, Trainer, train
 
 TESTS = Path(__file__).resolve().parents[1]  # tests/, which holds user_env_example.py
 # Two rooms, no doors: the goal item lies one move away. Small enough for seconds-long runs.
@@ -33,25 +33,47 @@ TINY_MAZE = "env.kwargs={n_rooms: 2, n_locked_doors: 0, dead_ends: 0, extra_edge
 
 def tiny_overrides(run_dir: Path, *extra: str) -> list[str]:
     return [
-        TINY_MAZE, "engine=hf", f"trainer.run_dir={run_dir}", "trainer.iterations=2", "trainer.eval_every=2",
-        "trainer.eval_episodes=2", "trainer.eval_sampled=false", "trainer.target_success=null",
-        "rollout.n_groups=2", "rollout.group_size=2", "rollout.max_turns=3", "rollout.history_turns=1",
-        "rollout.max_new_tokens=8", "sft.steps=2", "sft.episodes=2", "sft.batch_size=4",
-        "optim.micro_batch_size=4", "optim.minibatch_size=4", "rollout.min_batch_rows=0", "logging.console=false",
-        "algo.kl_coef=0", *extra,
+        TINY_MAZE,
+        "engine=hf",
+        f"trainer.run_dir={run_dir}",
+        "trainer.iterations=2",
+        "trainer.eval_every=2",
+        "trainer.eval_episodes=2",
+        "trainer.eval_sampled=false",
+        "trainer.target_success=null",
+        "rollout.n_groups=2",
+        "rollout.group_size=2",
+        "rollout.max_turns=3",
+        "rollout.history_turns=1",
+        "rollout.max_new_tokens=8",
+        "sft.steps=2",
+        "sft.episodes=2",
+        "sft.batch_size=4",
+        "optim.micro_batch_size=4",
+        "optim.minibatch_size=4",
+        "rollout.min_batch_rows=0",
+        "logging.console=false",
+        "algo.kl_coef=0",
+        *extra,
     ]
 
 
 def assert_same_metrics(run_dir: Path, expected_dir: Path) -> None:
     """Equal metrics apart from timings; a failure names the first iteration and keys that differ."""
+
     def timeless(path: Path) -> list[dict]:
-        return [{k: v for k, v in r.items() if not k.startswith("time/") and k != "rollout/tokens_per_s"} for r in read_metrics(path)]
+        return [
+            {k: v for k, v in r.items() if not k.startswith("time/") and k != "rollout/tokens_per_s"}
+            for r in read_metrics(path)
+        ]
 
     got, expected = timeless(run_dir), timeless(expected_dir)
     assert [r["iteration"] for r in got] == [r["iteration"] for r in expected]
     for a, b in zip(got, expected):
         differing = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
-        assert not differing, f"iteration {a['iteration']} differs in {[(k, a.get(k), b.get(k)) for k in differing[:4]]}"
+        assert not differing, (
+            f"iteration {a['iteration']} differs in {[(k, a.get(k), b.get(k)) for k in differing[:4]]}"
+        )
 
 
 # ---- end to end ------------------------------------------------------------------------------------------
@@ -62,8 +84,10 @@ def assert_same_metrics(run_dir: Path, expected_dir: Path) -> None:
 def test_short_run_writes_logs_checkpoints_and_config(tmp_path, algo):
     run_dir = tmp_path / algo
     reported = []
-    summary = train(load_config(overrides=tiny_overrides(run_dir, f"algo={algo}", "logging.tensorboard=true")),
-                    on_iteration=lambda iteration, metrics: reported.append((iteration, dict(metrics))))
+    summary = train(
+        load_config(overrides=tiny_overrides(run_dir, f"algo={algo}", "logging.tensorboard=true")),
+        on_iteration=lambda iteration, metrics: reported.append((iteration, dict(metrics))),
+    )
     assert summary["iterations"] == 2
     records = read_metrics(run_dir)
     assert [r["iteration"] for r in records] == [0, 1, 2]
@@ -73,8 +97,16 @@ def test_short_run_writes_logs_checkpoints_and_config(tmp_path, algo):
     assert reported[0][1]["eval/greedy_success"] == records[0]["eval/greedy_success"]
     assert "eval/greedy_success" in records[0] and "eval/greedy_success" in records[2]
     assert "sft/token_accuracy" in records[0]
-    for key in ("rollout/success_rate", "rollout/invalid_rate", "anchors/grouped_fraction", "time/rollout", "time/update",
-                "credit/zero_variance_groups", "advantage/mass_early", "advantage/mass_late"):
+    for key in (
+        "rollout/success_rate",
+        "rollout/invalid_rate",
+        "anchors/grouped_fraction",
+        "time/rollout",
+        "time/update",
+        "credit/zero_variance_groups",
+        "advantage/mass_early",
+        "advantage/mass_late",
+    ):
         assert key in records[1], key
     assert 0 <= records[1]["credit/zero_variance_groups"] <= 1
     assert load_config(run_dir / "config.yaml").algo.preset == algo
@@ -87,8 +119,17 @@ def test_short_run_writes_logs_checkpoints_and_config(tmp_path, algo):
 @pytest.mark.slow
 def test_a_run_can_leave_the_warm_start_unevaluated(tmp_path):
     run_dir = tmp_path / "run"
-    train(load_config(overrides=tiny_overrides(run_dir, "trainer.eval_first=false", "trainer.iterations=1",
-                                               "trainer.eval_every=1", "trainer.eval_sampled=true")))
+    train(
+        load_config(
+            overrides=tiny_overrides(
+                run_dir,
+                "trainer.eval_first=false",
+                "trainer.iterations=1",
+                "trainer.eval_every=1",
+                "trainer.eval_sampled=true",
+            )
+        )
+    )
     first, last = read_metrics(run_dir)
     assert "sft/token_accuracy" in first and not [key for key in first if key.startswith("eval/")]
     assert last["eval/greedy_minus_sampled"] == last["eval/greedy_success"] - last["eval/sampled_success"]
@@ -161,8 +202,10 @@ def test_resume_auto_starts_an_empty_run_directory_and_continues_a_saved_one(tmp
     train(load_config(overrides=tiny_overrides(run_dir, "trainer.iterations=2")), resume="auto", console=console)
     monkeypatch.undo()
     assert [r["iteration"] for r in read_metrics(run_dir)] == [0, 1, 2]
-    assert (f"written with {saved_threads} torch threads, this process has {saved_threads + 1}: float sums are ordered "
-            "differently") in console.file.getvalue()
+    assert (
+        f"written with {saved_threads} torch threads, this process has {saved_threads + 1}: float sums are ordered "
+        "differently"
+    ) in console.file.getvalue()
     assert checkpoint.find_checkpoint(run_dir, "last").iteration == 2
     with pytest.raises(checkpoint.CheckpointError, match="different config: trainer.seed"):
         Trainer.from_config(load_config(overrides=tiny_overrides(run_dir, "trainer.seed=3")), resume="auto")
@@ -175,8 +218,11 @@ def test_resume_auto_starts_an_empty_run_directory_and_continues_a_saved_one(tmp
 @pytest.mark.slow
 def test_a_corrupt_last_checkpoint_names_the_intact_ones_and_resumes_from_the_chosen_one(tmp_path):
     run_dir = tmp_path / "run"
-    train(load_config(overrides=tiny_overrides(run_dir, "trainer.iterations=2", "trainer.eval_every=1",
-                                               "trainer.save_every=1")))
+    train(
+        load_config(
+            overrides=tiny_overrides(run_dir, "trainer.iterations=2", "trainer.eval_every=1", "trainer.save_every=1")
+        )
+    )
     last = checkpoint.find_checkpoint(run_dir, "last")
     best = checkpoint.find_checkpoint(run_dir, "best").iteration
     (last.path / "state.json").write_text("{}")
@@ -195,8 +241,20 @@ def test_a_corrupt_last_checkpoint_names_the_intact_ones_and_resumes_from_the_ch
 
 def run_requeued_job(run_dir: Path, **env: str) -> subprocess.CompletedProcess:
     """What a requeued job runs each time: the same command with --resume auto, on the interrupting Maze."""
-    overrides = tiny_overrides(run_dir, "trainer.iterations=3", "trainer.eval_every=1", "env.id=usertest/InterruptedMaze-v0")
-    command = [sys.executable, "-m", "agent_rl.cli", "train", "--import", "interrupting_env", "--resume", "auto", *overrides]
+    overrides = tiny_overrides(
+        run_dir, "trainer.iterations=3", "trainer.eval_every=1", "env.id=usertest/InterruptedMaze-v0"
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "agent_rl.cli",
+        "train",
+        "--import",
+        "interrupting_env",
+        "--resume",
+        "auto",
+        *overrides,
+    ]
     env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **env}
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
 
@@ -282,9 +340,12 @@ def test_a_run_written_before_configs_were_resolved_still_resumes(tmp_path):
     assert load_config(run_dir / "config.yaml").env.anchor_key == "state"  # rewritten resolved
     # A real difference is still refused, named by its resolved key.
     _as_written_before_resolution(run_dir, {**old, "algo": {**old["algo"], "preset": "grpo"}})
-    with pytest.raises(checkpoint.CheckpointError, match="different config: algo.advantage, algo.loss, .*algo.step_credit"):
-        Trainer.from_config(load_config(run_dir / "config.yaml", ["algo=gigpo", "engine=hf", "trainer.iterations=3"]),
-                            resume=True)
+    with pytest.raises(
+        checkpoint.CheckpointError, match="different config: algo.advantage, algo.loss, .*algo.step_credit"
+    ):
+        Trainer.from_config(
+            load_config(run_dir / "config.yaml", ["algo=gigpo", "engine=hf", "trainer.iterations=3"]), resume=True
+        )
 
 
 class _GuessEnv(gym.Env):
@@ -299,17 +360,25 @@ class _GuessEnv(gym.Env):
 
     def step(self, action):
         won = action == self.target
-        return ("Right!" if won else "Wrong."), float(won), True, False, {"won": won, "admissible_actions": ["1", "2", "3"]}
+        return (
+            ("Right!" if won else "Wrong."),
+            float(won),
+            True,
+            False,
+            {"won": won, "admissible_actions": ["1", "2", "3"]},
+        )
 
 
 @pytest.mark.slow
 def test_trainer_takes_a_model_tokenizer_engine_and_environment_factory(tmp_path):
-    from agent_rl.training.serving.engines import HFEngine
     from agent_rl.training.models.policy import load_policy
+    from agent_rl.training.serving.engines import HFEngine
 
     model, tokenizer = load_policy("embedded")
     engine = HFEngine(model, tokenizer, seed=7)
-    config = load_config(overrides=tiny_overrides(tmp_path / "objects", "env.id=Guess", "sft.mode=random", "trainer.iterations=1"))
+    config = load_config(
+        overrides=tiny_overrides(tmp_path / "objects", "env.id=Guess", "sft.mode=random", "trainer.iterations=1")
+    )
     trainer = Trainer(config, model=model, tokenizer=tokenizer, make_env=_GuessEnv, engine=engine)
     try:
         assert trainer.engine is engine and trainer.pool.env_id == "_GuessEnv"
@@ -321,11 +390,18 @@ def test_trainer_takes_a_model_tokenizer_engine_and_environment_factory(tmp_path
     records = read_metrics(tmp_path / "objects")
     assert [r["iteration"] for r in records] == [0, 1] and records[1]["rollout/length"] == 1.0
     # train() builds only what is not given.
-    summary = train(load_config(overrides=tiny_overrides(tmp_path / "factory", "env.id=Guess", "sft.mode=random",
-                                                         "trainer.iterations=1")), make_env=_GuessEnv)
+    summary = train(
+        load_config(
+            overrides=tiny_overrides(tmp_path / "factory", "env.id=Guess", "sft.mode=random", "trainer.iterations=1")
+        ),
+        make_env=_GuessEnv,
+    )
     assert summary["iterations"] == 1
     with pytest.raises(ValueError, match="sft.mode=oracle needs an environment with an oracle"):
-        train(load_config(overrides=tiny_overrides(tmp_path / "oracle", "env.id=Guess", "sft.mode=oracle")), make_env=_GuessEnv)
+        train(
+            load_config(overrides=tiny_overrides(tmp_path / "oracle", "env.id=Guess", "sft.mode=oracle")),
+            make_env=_GuessEnv,
+        )
 
 
 @pytest.mark.parametrize(
@@ -359,10 +435,16 @@ def test_skipped_non_finite_steps_are_reported_and_several_in_a_row_stop_the_run
     assert guard(1, 1) == 1  # skipped after the last step taken, at worst
     assert guard(0, 2) == 0  # a finite step ends the streak
     assert guard(2, 0) == 2 and guard(NONFINITE_STOP - 3, 0) == NONFINITE_STOP - 1
-    assert "iteration 3: 2 optimizer step(s) skipped: the loss or the gradient norm was not finite" in console.file.getvalue()
-    with pytest.raises(NonFiniteUpdates, match=f"{NONFINITE_STOP} optimizer steps in a row had a non-finite loss or gradient "
-                                               "norm at iteration 3; they changed no weight and the run stops "
-                                               "\\(no checkpoint was saved yet\\)"):
+    assert (
+        "iteration 3: 2 optimizer step(s) skipped: the loss or the gradient norm was not finite"
+        in console.file.getvalue()
+    )
+    with pytest.raises(
+        NonFiniteUpdates,
+        match=f"{NONFINITE_STOP} optimizer steps in a row had a non-finite loss or gradient "
+        "norm at iteration 3; they changed no weight and the run stops "
+        "\\(no checkpoint was saved yet\\)",
+    ):
         guard(1, 0)
 
 
@@ -384,14 +466,21 @@ gym.register("trainer_test/NeverPays-v0", entry_point=NeverPays)
 
 def test_an_iteration_whose_groups_the_variance_filter_all_drops_takes_no_step_and_says_why(tmp_path):
     console = Console(file=io.StringIO(), width=300)
-    overrides = [o for o in tiny_overrides(tmp_path / "run", "trainer.iterations=1", "algo.keep_groups=0.5",
-                                           "algo.invalid_penalty=0") if not o.startswith("env.kwargs")]
+    overrides = [
+        o
+        for o in tiny_overrides(
+            tmp_path / "run", "trainer.iterations=1", "algo.keep_groups=0.5", "algo.invalid_penalty=0"
+        )
+        if not o.startswith("env.kwargs")
+    ]
     train(load_config(overrides=["env.id=trainer_test/NeverPays-v0", *overrides]), console=console)
     last = read_metrics(tmp_path / "run")[-1]
     assert last["update/skipped"] == 1.0 and last["credit/kept_groups"] == 0.0
     assert last["credit/zero_variance_groups"] == 1.0
-    assert ("iteration 1: the variance filter (algo.keep_groups) dropped every group: each group's returns were all "
-            "equal; no optimizer step") in console.file.getvalue()
+    assert (
+        "iteration 1: the variance filter (algo.keep_groups) dropped every group: each group's returns were all "
+        "equal; no optimizer step"
+    ) in console.file.getvalue()
 
 
 def test_unknown_environment_is_a_clear_error(tmp_path):
@@ -404,8 +493,17 @@ def test_user_registered_env_trains_through_the_cli(tmp_path):
     run_dir = tmp_path / "counter"
     env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     overrides = [o for o in tiny_overrides(run_dir, "trainer.iterations=1") if not o.startswith("env.kwargs")]
-    command = [sys.executable, "-m", "agent_rl.cli", "train", "--import", "user_env_example",
-               "env.id=usertest/Counter-v0", "env.kwargs={max_target: 2, max_steps: 3}", *overrides]
+    command = [
+        sys.executable,
+        "-m",
+        "agent_rl.cli",
+        "train",
+        "--import",
+        "user_env_example",
+        "env.id=usertest/Counter-v0",
+        "env.kwargs={max_target: 2, max_steps: 3}",
+        *overrides,
+    ]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert [r["iteration"] for r in read_metrics(run_dir)] == [0, 1]
@@ -413,8 +511,23 @@ def test_user_registered_env_trains_through_the_cli(tmp_path):
     # And it evaluates through the CLI, its warm start too.
     out = tmp_path / "eval.json"
     result = subprocess.run(
-        [sys.executable, "-m", "agent_rl.cli", "eval", str(run_dir), "--episodes", "2", "--checkpoint", "sft", "--json", str(out)],
-        env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "agent_rl.cli",
+            "eval",
+            str(run_dir),
+            "--episodes",
+            "2",
+            "--checkpoint",
+            "sft",
+            "--json",
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     evaluated = json.loads(out.read_text())
@@ -446,16 +559,22 @@ def test_short_run_with_vllm(tmp_path, algo):
 def small_policy_dir(tmp_path_factory) -> Path:
     """A 0.15M-parameter Qwen2 with the embedded tokenizer: the same code path as the embedded model,
     fast enough to learn within a test."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     from agent_rl.training.models.policy import load_policy
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     embedded, tokenizer = load_policy("embedded")
     torch.manual_seed(0)
     config = Qwen2Config(
-        vocab_size=embedded.config.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True,
-        bos_token_id=embedded.config.bos_token_id, eos_token_id=embedded.config.eos_token_id,
+        vocab_size=embedded.config.vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=embedded.config.bos_token_id,
+        eos_token_id=embedded.config.eos_token_id,
         pad_token_id=embedded.config.pad_token_id,
     )
     path = tmp_path_factory.mktemp("small_policy")
@@ -471,25 +590,52 @@ def test_learning_is_real_on_a_tiny_maze(tmp_path, small_policy_dir):
     # learn the task. The 2-room Maze has 4 layouts and 3 of them are held out, so a 0.15M-parameter
     # policy that learns its one training layout still fails the held-out ones: the test measures
     # greedy success on training seeds, before (the sft checkpoint) and after (the last).
-    from agent_rl.training.serving.engines import make_engine
-    from agent_rl.training.serving.envpool import env_factory
     from agent_rl.training.loop.evaluation import evaluate
     from agent_rl.training.models.policy import load_policy
+    from agent_rl.training.serving.engines import make_engine
+    from agent_rl.training.serving.envpool import env_factory
 
     run_dir = tmp_path / "learn"
     overrides = [
         "env.kwargs={n_rooms: 2, n_locked_doors: 0, dead_ends: 0, extra_edges: 0, n_distractors: 0, max_steps: 6}",
-        "engine=hf", f"policy={small_policy_dir}", f"trainer.run_dir={run_dir}", "trainer.iterations=12",
-        "trainer.eval_every=12", "trainer.eval_episodes=32", "trainer.eval_sampled=false", "trainer.target_success=null",
-        "rollout.n_groups=4", "rollout.group_size=8", "rollout.max_turns=6", "rollout.history_turns=0",
-        "rollout.max_new_tokens=8", "sft.mode=random", "sft.steps=300", "sft.episodes=32", "sft.batch_size=16", "sft.lr=3e-3",
+        "engine=hf",
+        f"policy={small_policy_dir}",
+        f"trainer.run_dir={run_dir}",
+        "trainer.iterations=12",
+        "trainer.eval_every=12",
+        "trainer.eval_episodes=32",
+        "trainer.eval_sampled=false",
+        "trainer.target_success=null",
+        "rollout.n_groups=4",
+        "rollout.group_size=8",
+        "rollout.max_turns=6",
+        "rollout.history_turns=0",
+        "rollout.max_new_tokens=8",
+        "sft.mode=random",
+        "sft.steps=300",
+        "sft.episodes=32",
+        "sft.batch_size=16",
+        "sft.lr=3e-3",
         "sft.lr_schedule=constant",
-        "optim.lr=1e-3", "algo=gigpo", "algo.kl_coef=0", "logging.console=false", "logging.tensorboard=false",
+        "optim.lr=1e-3",
+        "algo=gigpo",
+        "algo.kl_coef=0",
+        "logging.console=false",
+        "logging.tensorboard=false",
         # The learner it was calibrated with: std-normalized GiGPO, one step per batch of all rows, gamma
         # 0.95, no penalty, full-weight negative advantages, every turn alike, temperature 1, no warmup.
-        "algo.advantage=grpo", "algo.step_normalize=mean_std", "optim.minibatches=1", "optim.minibatch_size=0",
-        "optim.epochs=1", "optim.warmup_steps=0", "algo.gamma=0.95", "algo.invalid_penalty=0", "algo.negative_weight=1",
-        "algo.row_weight=turn", "rollout.temperature=1", "rollout.min_batch_rows=0",
+        "algo.advantage=grpo",
+        "algo.step_normalize=mean_std",
+        "optim.minibatches=1",
+        "optim.minibatch_size=0",
+        "optim.epochs=1",
+        "optim.warmup_steps=0",
+        "algo.gamma=0.95",
+        "algo.invalid_penalty=0",
+        "algo.negative_weight=1",
+        "algo.row_weight=turn",
+        "rollout.temperature=1",
+        "rollout.min_batch_rows=0",
     ]
     config = load_config(overrides=overrides)
     train(config)
@@ -497,8 +643,14 @@ def test_learning_is_real_on_a_tiny_maze(tmp_path, small_policy_dir):
     success = {}
     for name in ("sft", "last"):
         model, tokenizer = load_policy(str(checkpoint.find_checkpoint(run_dir, name).model_dir))
-        stats = evaluate(env_factory(config), make_engine("hf", model, tokenizer), tokenizer, list(range(32)),
-                         greedy=True, config=config.rollout)
+        stats = evaluate(
+            env_factory(config),
+            make_engine("hf", model, tokenizer),
+            tokenizer,
+            list(range(32)),
+            greedy=True,
+            config=config.rollout,
+        )
         success[name] = stats["success_rate"]
     assert success["last"] >= success["sft"] + 0.25, success
 
@@ -517,13 +669,23 @@ def _greedy_player(outcomes, calls):
 @pytest.mark.parametrize(
     "losses, expected_calls, expected",
     [
-        ({5}, [range(32, 64), range(64, 96), range(96, 128)], {"eval/confirm_greedy_success": 127 / 128, "eval/confirm_greedy_episodes": 128.0}),
+        (
+            {5},
+            [range(32, 64), range(64, 96), range(96, 128)],
+            {"eval/confirm_greedy_success": 127 / 128, "eval/confirm_greedy_episodes": 128.0},
+        ),
         # 2 periodic losses, 4 more in the first chunk (6 of 128 allowed at 95%), a 7th in the second: stop there.
-        ({0, 1, 40, 41, 42, 43, 70}, [range(32, 64), range(64, 96)], {"eval/confirm_greedy_success": 89 / 96, "eval/confirm_greedy_episodes": 96.0}),
+        (
+            {0, 1, 40, 41, 42, 43, 70},
+            [range(32, 64), range(64, 96)],
+            {"eval/confirm_greedy_success": 89 / 96, "eval/confirm_greedy_episodes": 96.0},
+        ),
         (set(range(7)), [], {}),  # 7 periodic losses: 95% of 128 is out of reach, nothing more is played
     ],
 )
-def test_the_confirmation_extends_the_periodic_evaluation_while_the_target_is_within_reach(losses, expected_calls, expected):
+def test_the_confirmation_extends_the_periodic_evaluation_while_the_target_is_within_reach(
+    losses, expected_calls, expected
+):
     from agent_rl.training.loop.evaluation import confirm
 
     outcomes = [i not in losses for i in range(128)]

@@ -37,11 +37,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from agent_rl.training.infra.distributed import broadcast_flag
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from agent_rl.config import respelled
-from agent_rl.training.infra.distributed import broadcast_flag
 
 FORMAT_VERSION = 1
 CHECKPOINTS = "checkpoints"
@@ -156,7 +156,9 @@ def _python_state(state: tuple) -> list:
     return [version, list(internal), gauss]
 
 
-def restore_rng(tensors: dict[str, torch.Tensor], scalars: dict[str, Any], generators: dict[str, Any] | None = None) -> None:
+def restore_rng(
+    tensors: dict[str, torch.Tensor], scalars: dict[str, Any], generators: dict[str, Any] | None = None
+) -> None:
     """Inverse of :func:`capture_rng`; named generators are restored in place."""
     try:
         torch.set_rng_state(tensors["torch"])
@@ -201,7 +203,9 @@ def _flatten_optimizer(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torc
     return tensors, meta
 
 
-def _restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+def _restore_optimizer(
+    optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict[str, Any]
+) -> None:
     params = [p for group in optimizer.param_groups for p in group["params"]]
     groups = meta.get("param_groups")
     if not isinstance(groups, list) or len(groups) != len(optimizer.param_groups):
@@ -213,7 +217,9 @@ def _restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torc
             raise CheckpointError(f"checkpoint optimizer tensor {key!r} has an unknown name")
         index = int(parts[1])
         if index >= len(params):
-            raise CheckpointError(f"checkpoint optimizer holds state for parameter {index}, the model has {len(params)}")
+            raise CheckpointError(
+                f"checkpoint optimizer holds state for parameter {index}, the model has {len(params)}"
+            )
         if value.dim() > 0 and value.shape != params[index].shape:
             raise CheckpointError(
                 f"checkpoint optimizer tensor {key!r} has shape {tuple(value.shape)}, "
@@ -314,8 +320,16 @@ def save_checkpoint(
     tmp = None
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f"{LEFTOVER_PREFIX}{final.name}-", dir=root))
-        _write_checkpoint_files(tmp, iteration, model=model, tokenizer=tokenizer, optimizer=optimizer, config=config,
-                                trainer_state=trainer_state, generators=generators)
+        _write_checkpoint_files(
+            tmp,
+            iteration,
+            model=model,
+            tokenizer=tokenizer,
+            optimizer=optimizer,
+            config=config,
+            trainer_state=trainer_state,
+            generators=generators,
+        )
     except OSError as exc:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -336,8 +350,9 @@ def save_checkpoint(
     return final
 
 
-def _write_checkpoint_files(directory: Path, iteration: int, *, model, tokenizer, optimizer, config, trainer_state,
-                            generators) -> None:
+def _write_checkpoint_files(
+    directory: Path, iteration: int, *, model, tokenizer, optimizer, config, trainer_state, generators
+) -> None:
     """Every file of a checkpoint, fsynced, the manifest last."""
     model.save_pretrained(directory / "model", safe_serialization=True)
     tokenizer.save_pretrained(directory / "model")
@@ -361,7 +376,10 @@ def _write_checkpoint_files(directory: Path, iteration: int, *, model, tokenizer
     manifest = {"format": FORMAT_VERSION, "files": {}}
     for path in files:
         _fsync_path(path)
-        manifest["files"][path.relative_to(directory).as_posix()] = {"sha256": _sha256(path), "bytes": path.stat().st_size}
+        manifest["files"][path.relative_to(directory).as_posix()] = {
+            "sha256": _sha256(path),
+            "bytes": path.stat().st_size,
+        }
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
     _fsync_path(directory / MANIFEST)
     for folder in {p.parent for p in files} | {directory}:
@@ -394,7 +412,9 @@ def _save_failure(final: Path, reason: str, needed: int) -> str:
 def set_pointer(run_dir: str | Path, name: str, checkpoint_dir: Path, iteration: int) -> None:
     if name not in POINTERS:
         raise ValueError(f"checkpoint pointer must be one of {POINTERS}, got {name!r}")
-    _write_json_atomic(Path(run_dir) / CHECKPOINTS / f"{name}.json", {"dir": checkpoint_dir.name, "iteration": int(iteration)})
+    _write_json_atomic(
+        Path(run_dir) / CHECKPOINTS / f"{name}.json", {"dir": checkpoint_dir.name, "iteration": int(iteration)}
+    )
 
 
 def prune(run_dir: str | Path) -> None:
@@ -475,8 +495,10 @@ def flatten_config(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def config_differences(saved: dict[str, Any], current: dict[str, Any], ignore: tuple[str, ...] = ()) -> list[str]:
     """Dotted keys whose values differ between two config dicts (``ignore``: key prefixes)."""
-    a, b = ({key: respelled(key, value) for key, value in flatten_config(json.loads(json.dumps(config))).items()}
-            for config in (saved, current))
+    a, b = (
+        {key: respelled(key, value) for key, value in flatten_config(json.loads(json.dumps(config))).items()}
+        for config in (saved, current)
+    )
     keys = sorted(set(a) | set(b))
     return [k for k in keys if a.get(k) != b.get(k) and not any(k == p or k.startswith(p + ".") for p in ignore)]
 
@@ -503,7 +525,9 @@ def restore(
     if optimizer is not None:
         if not checkpoint.state.get("has_optimizer"):
             raise CheckpointError(f"checkpoint {str(checkpoint.path)!r} holds no optimizer state")
-        _restore_optimizer(optimizer, _read_tensors(checkpoint.path / "optimizer.safetensors"), checkpoint.state["optimizer"])
+        _restore_optimizer(
+            optimizer, _read_tensors(checkpoint.path / "optimizer.safetensors"), checkpoint.state["optimizer"]
+        )
     restore_rng(_read_tensors(checkpoint.path / "rng.safetensors"), checkpoint.state.get("rng", {}), generators)
     return checkpoint.state.get("trainer", {})
 
@@ -597,8 +621,9 @@ def resume_run(
 
     A missing or corrupt checkpoint is refused, never replaced by another: the error names the
     run's intact checkpoints and the command that resumes from each."""
-    from agent_rl.config import config_from_dict, config_to_dict
     from agent_rl.training.infra.resolution import resolve
+
+    from agent_rl.config import config_from_dict, config_to_dict
 
     try:
         found = find_checkpoint(run_dir, which)
@@ -606,6 +631,12 @@ def resume_run(
         raise CheckpointError(f"{exc}; nothing was loaded, and {_alternatives(run_dir, which)}") from None
     saved = config_to_dict(resolve(config_from_dict(found.state.get("config", {}))))
     found = Checkpoint(found.path, {**found.state, "config": saved})
-    state = restore(found, model=model, optimizer=optimizer, generators=generators,
-                    config=config_to_dict(resolve(config)), ignore_config=may_change)
+    state = restore(
+        found,
+        model=model,
+        optimizer=optimizer,
+        generators=generators,
+        config=config_to_dict(resolve(config)),
+        ignore_config=may_change,
+    )
     return found.iteration, state

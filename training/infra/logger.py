@@ -47,8 +47,10 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError as exc:
             if number < len(lines):
                 raise ValueError(f"{path}: line {number} is not a JSON record ({exc})") from None
-            warnings.warn(f"{path}: dropped its last line, which was cut short (a crash while it was written): "
-                          f"{line[:60]!r}", stacklevel=2)
+            warnings.warn(
+                f"{path}: dropped its last line, which was cut short (a crash while it was written): {line[:60]!r}",
+                stacklevel=2,
+            )
     return records
 
 

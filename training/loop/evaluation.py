@@ -12,15 +12,22 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from agent_rl.envs import EVAL_SEED_BASE
+from agent_rl.training.infra.resolution import resolve
+from agent_rl.training.loop.rollout import (
+    SEED_HIGH,
+    PlayStats,
+    PolicyActor,
+    episode_stats,
+    play_episodes,
+    sampling_params,
+)
+from agent_rl.training.models.prompts import PromptFormat
+from agent_rl.training.serving.engines import Engine, engine_from_config
+from agent_rl.training.serving.envpool import EnvFactory, EnvPool, env_factory, env_pool
 from rich.console import Console
 
 from agent_rl.config import Config, RolloutConfig, load_config, load_default_config
-from agent_rl.envs import EVAL_SEED_BASE
-from agent_rl.training.serving.engines import Engine, engine_from_config
-from agent_rl.training.serving.envpool import EnvFactory, EnvPool, env_factory, env_pool
-from agent_rl.training.models.prompts import PromptFormat
-from agent_rl.training.infra.resolution import resolve
-from agent_rl.training.loop.rollout import SEED_HIGH, PlayStats, PolicyActor, episode_stats, play_episodes, sampling_params
 
 assert EVAL_SEED_BASE > SEED_HIGH  # training seeds are drawn below SEED_HIGH
 
@@ -55,7 +62,9 @@ def evaluate(
     return stats
 
 
-def evaluate_heldout(envs: EnvPool | EnvFactory, engine: Engine, tokenizer, config: Config, progress: Any = None) -> dict[str, float]:
+def evaluate_heldout(
+    envs: EnvPool | EnvFactory, engine: Engine, tokenizer, config: Config, progress: Any = None
+) -> dict[str, float]:
     """Greedy (and, with ``trainer.eval_sampled``, sampled) success on ``trainer.eval_episodes``
     held-out seeds, then the greedy confirmation (:func:`confirm`) that decides whether to stop."""
     trainer = config.trainer
@@ -66,18 +75,27 @@ def evaluate_heldout(envs: EnvPool | EnvFactory, engine: Engine, tokenizer, conf
     metrics = {}
     for mode in ("greedy", "sampled") if trainer.eval_sampled else ("greedy",):
         stats = play(eval_seeds(trainer.eval_episodes), mode == "greedy")
-        metrics.update({
-            f"eval/{mode}_success": stats["success_rate"],
-            f"eval/{mode}_length": stats["mean_length"],
-            f"eval/{mode}_invalid_rate": stats["invalid_action_rate"],
-        })
+        metrics.update(
+            {
+                f"eval/{mode}_success": stats["success_rate"],
+                f"eval/{mode}_length": stats["mean_length"],
+                f"eval/{mode}_invalid_rate": stats["invalid_action_rate"],
+            }
+        )
         if mode == "greedy":
             wins = wins_of(stats)
     if trainer.eval_sampled:  # a policy that wins only when it samples has not committed to what works
         metrics["eval/greedy_minus_sampled"] = metrics["eval/greedy_success"] - metrics["eval/sampled_success"]
     if trainer.target_success is not None and trainer.confirm_episodes > trainer.eval_episodes:
-        metrics.update(confirm(lambda seeds: wins_of(play(seeds, greedy=True)), trainer.eval_episodes, wins,
-                               trainer.confirm_episodes, trainer.target_success))
+        metrics.update(
+            confirm(
+                lambda seeds: wins_of(play(seeds, greedy=True)),
+                trainer.eval_episodes,
+                wins,
+                trainer.confirm_episodes,
+                trainer.target_success,
+            )
+        )
     return metrics
 
 
@@ -86,7 +104,9 @@ def wins_of(stats: dict[str, float]) -> int:
     return round(stats["success_rate"] * stats["trajectories"])
 
 
-def confirm(play_greedy: Callable[[Sequence[int]], int], played: int, wins: int, episodes: int, target: float) -> dict[str, float]:
+def confirm(
+    play_greedy: Callable[[Sequence[int]], int], played: int, wins: int, episodes: int, target: float
+) -> dict[str, float]:
     """Extend a greedy evaluation of the first ``played`` held-out seeds (``wins`` won) to the first
     ``episodes``, ``played`` more at a time, while greedy success on all ``episodes`` can still reach
     ``target``. Greedy play of a seed is deterministic, so the decision is the one a fresh evaluation
@@ -151,7 +171,13 @@ def evaluate_policy(
         results: dict[str, Any] = {"model": str(model_dir), "env": config.env.id, "episodes": len(seeds)}
         for mode in ("greedy", "sampled") if sampled else ("greedy",):
             stats = evaluate(make_env, engine, tokenizer, seeds, greedy=mode == "greedy", config=config.rollout)
-            results.update({f"{mode}_{k}": v for k, v in stats.items() if k in ("success_rate", "mean_length", "mean_return", "invalid_action_rate")})
+            results.update(
+                {
+                    f"{mode}_{k}": v
+                    for k, v in stats.items()
+                    if k in ("success_rate", "mean_length", "mean_return", "invalid_action_rate")
+                }
+            )
     finally:
         engine.close()
     for key, value in results.items():

@@ -21,15 +21,14 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from agent_rl.training.infra.checkpoint import load_model_weights
+from agent_rl.training.infra.distributed import DistContext, all_reduce_gradients, broadcast_ragged, forward_precision
+from agent_rl.training.models.policy import is_lora
 from rich.progress import Progress
 
 from agent_rl.batch import StepBatch
 from agent_rl.config import Config
 from agent_rl.losses import policy_loss
-from agent_rl.training.infra.checkpoint import load_model_weights
-from agent_rl.training.infra.distributed import DistContext, all_reduce_gradients, broadcast_ragged, forward_precision
-from agent_rl.training.models.policy import is_lora
-
 
 # ---- teacher-forced logprobs --------------------------------------------------------------------------
 
@@ -127,8 +126,9 @@ def sequence_logprobs(
 
 
 @torch.no_grad()
-def recompute_logprobs(model: torch.nn.Module, batch: StepBatch, micro_batch_size: int,
-                       temperature: float, precision: str = "fp32") -> tuple[list[np.ndarray], dict[str, float]]:
+def recompute_logprobs(
+    model: torch.nn.Module, batch: StepBatch, micro_batch_size: int, temperature: float, precision: str = "fp32"
+) -> tuple[list[np.ndarray], dict[str, float]]:
     """Old logprobs of ``batch``'s responses from ``model``, and how far the engine's were from them."""
     recomputed, diffs = [], []
     for start in range(0, len(batch), micro_batch_size):
@@ -156,8 +156,9 @@ def _pad(rows: list[np.ndarray], width: int, device: torch.device) -> torch.Tens
     return out.to(device)
 
 
-def _forwarded_tokens(batches: list[np.ndarray], prompts: list[np.ndarray], prompt_lengths: np.ndarray,
-                      response_lengths: np.ndarray) -> int:
+def _forwarded_tokens(
+    batches: list[np.ndarray], prompts: list[np.ndarray], prompt_lengths: np.ndarray, response_lengths: np.ndarray
+) -> int:
     """Tokens ``response_logits`` forwards for ``batches``: the shared prefix once, then every row
     padded to the batch's longest rest of prompt and longest response."""
     total = 0
@@ -191,8 +192,9 @@ def warmup_lr(step: int, lr: float, warmup_steps: int) -> float:
     return lr * min(1.0, step / warmup_steps) if warmup_steps else lr
 
 
-def plan_micro_batches(prompts: list[np.ndarray], responses: list[np.ndarray], rows: np.ndarray,
-                       size: int) -> list[np.ndarray]:
+def plan_micro_batches(
+    prompts: list[np.ndarray], responses: list[np.ndarray], rows: np.ndarray, size: int
+) -> list[np.ndarray]:
     """Split ``rows`` into micro-batches of at most ``size`` rows that forward the fewest tokens.
 
     Two plans are costed (``_forwarded_tokens``) and the cheaper one wins:
@@ -225,7 +227,9 @@ def plan_micro_batches(prompts: list[np.ndarray], responses: list[np.ndarray], r
     rank_in_cluster = np.arange(len(rows)) - np.repeat(np.cumsum(cluster_sizes) - cluster_sizes, cluster_sizes)
     cluster_plan = np.split(by_cluster, np.flatnonzero(rank_in_cluster % size == 0)[1:])
 
-    costs = [_forwarded_tokens(plan, selected, prompt_lengths, response_lengths) for plan in (length_plan, cluster_plan)]
+    costs = [
+        _forwarded_tokens(plan, selected, prompt_lengths, response_lengths) for plan in (length_plan, cluster_plan)
+    ]
     return [rows[batch] for batch in (length_plan, cluster_plan)[int(np.argmin(costs))]]
 
 
@@ -236,8 +240,9 @@ def learnable_rows(responses: list[np.ndarray], advantages: np.ndarray, kl_on: b
     return np.flatnonzero(((np.asarray(advantages) != 0) | kl_on) & (lengths > 0))
 
 
-def merge_repeated_rows(prompts: list[np.ndarray], responses: list[np.ndarray], rows: np.ndarray,
-                        advantages: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def merge_repeated_rows(
+    prompts: list[np.ndarray], responses: list[np.ndarray], rows: np.ndarray, advantages: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(representatives, advantages, counts)``: one row for each group of ``rows`` with the same
     prompt, the same response and the same sign of advantage, carrying the group's summed advantage
     and its size. A policy stuck in a loop writes the same reply to the same prompt turn after turn;
@@ -308,15 +313,19 @@ def accumulate_policy_gradient(
         forwarded += len(rows)
         batch_prompts = [prompts[i] for i in rows]
         batch_responses = [responses[i] for i in rows]
-        forwarded_tokens += _forwarded_tokens([np.arange(len(rows))], batch_prompts, np.array([len(p) for p in batch_prompts]),
-                                              lengths[rows])
+        forwarded_tokens += _forwarded_tokens(
+            [np.arange(len(rows))], batch_prompts, np.array([len(p) for p in batch_prompts]), lengths[rows]
+        )
         logits, targets, mask = response_logits(model, batch_prompts, batch_responses, precision)
         token_logp = F.log_softmax(logits.float() / temperature, dim=-1)
         logp = token_logp.gather(2, targets[..., None])[..., 0] * mask
         with torch.no_grad():
             entropy = -(token_logp.exp() * token_logp).sum(-1)
-            ref_logp = (sequence_logprobs(reference, batch_prompts, batch_responses, temperature, precision)[0]
-                        if kl_on else None)
+            ref_logp = (
+                sequence_logprobs(reference, batch_prompts, batch_responses, temperature, precision)[0]
+                if kl_on
+                else None
+            )
         out = policy_loss(
             logp,
             _pad([old_logprobs[i] for i in rows], mask.shape[1], device),
@@ -349,8 +358,13 @@ def accumulate_policy_gradient(
 
 def no_step_metrics(learnable_rows: int, rows: int) -> dict[str, float]:
     """The metrics of an update that took no optimizer step (``update/skipped``)."""
-    return {"update/skipped": 1.0, "update/optimizer_steps": 0.0, "update/learnable_rows": float(learnable_rows),
-            "update/learnable_fraction": learnable_rows / rows, "update/forwarded_tokens": 0.0}
+    return {
+        "update/skipped": 1.0,
+        "update/optimizer_steps": 0.0,
+        "update/learnable_rows": float(learnable_rows),
+        "update/learnable_fraction": learnable_rows / rows,
+        "update/forwarded_tokens": 0.0,
+    }
 
 
 class Learner:
@@ -359,9 +373,21 @@ class Learner:
     every rank receives them, draws the same shuffle and backpropagates its share of each minibatch;
     the summed gradient is the single-process one."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: Config,
-                 shuffle_rng: np.random.Generator, dist: DistContext = DistContext()):
-        self.model, self.optimizer, self.config, self.shuffle_rng, self.dist = model, optimizer, config, shuffle_rng, dist
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        config: Config,
+        shuffle_rng: np.random.Generator,
+        dist: DistContext = DistContext(),
+    ):
+        self.model, self.optimizer, self.config, self.shuffle_rng, self.dist = (
+            model,
+            optimizer,
+            config,
+            shuffle_rng,
+            dist,
+        )
         algo = config.algo
         self.loss_kwargs = {**algo.loss_kwargs, "kl_coef": algo.kl_coef, "kl_estimator": algo.kl_estimator}
         self.reference: torch.nn.Module | None = None
@@ -397,8 +423,9 @@ class Learner:
             prompts, responses, old_logprobs = batch.prompt_ids, batch.response_ids, batch.old_logprobs
             rows_advantages, rows_trajectories = [advantages], [np.asarray(batch.traj_id, dtype=np.int64)]
             if cfg.trainer.recompute_old_logprobs:
-                old_logprobs, metrics = recompute_logprobs(self.model, batch, cfg.optim.micro_batch_size, cfg.rollout.temperature,
-                                                           cfg.policy.precision)
+                old_logprobs, metrics = recompute_logprobs(
+                    self.model, batch, cfg.optim.micro_batch_size, cfg.rollout.temperature, cfg.policy.precision
+                )
         prompts = broadcast_ragged(prompts, torch.int64, self.dist)
         if not prompts:
             return metrics
@@ -408,8 +435,15 @@ class Learner:
         (trajectories,) = broadcast_ragged(rows_trajectories, torch.int64, self.dist)
         return {**metrics, **self.optimize(prompts, responses, old_logprobs, advantages, progress, trajectories)}
 
-    def optimize(self, prompts: list[np.ndarray], responses: list[np.ndarray], old_logprobs: list[np.ndarray],
-                 advantages: np.ndarray, progress: Progress, trajectories: np.ndarray | None = None) -> dict[str, float]:
+    def optimize(
+        self,
+        prompts: list[np.ndarray],
+        responses: list[np.ndarray],
+        old_logprobs: list[np.ndarray],
+        advantages: np.ndarray,
+        progress: Progress,
+        trajectories: np.ndarray | None = None,
+    ) -> dict[str, float]:
         """PPO-style: ``optim.epochs`` passes over the rows that carry a gradient, each shuffled and
         split into minibatches; one AdamW step (after clipping) per minibatch, so every step after the
         first learns from rows sampled by an older policy and the importance ratios and clip terms act.
@@ -432,7 +466,9 @@ class Learner:
             return no_step_metrics(0, len(prompts))
         owners = np.arange(len(prompts)) if trajectories is None else np.asarray(trajectories)
         units, unit_of_row = np.unique(owners[learnable], return_inverse=True)
-        rows_of_unit = np.split(learnable[np.argsort(unit_of_row, kind="stable")], np.cumsum(np.bincount(unit_of_row))[:-1])
+        rows_of_unit = np.split(
+            learnable[np.argsort(unit_of_row, kind="stable")], np.cumsum(np.bincount(unit_of_row))[:-1]
+        )
         parts = minibatch_count(len(units), optim)
         task = progress.add_task("update", total=optim.epochs * parts)
         step_metrics: list[dict[str, float]] = []
@@ -466,7 +502,9 @@ class Learner:
                     continue
                 for group in self.optimizer.param_groups:
                     base = group.setdefault("initial_lr", group["lr"])  # the optimizer's own rate, saved with it
-                    group["lr"] = warmup_lr(self.steps_taken + 1, base, optim.warmup_steps) * step_scale(len(chosen), optim)
+                    group["lr"] = warmup_lr(self.steps_taken + 1, base, optim.warmup_steps) * step_scale(
+                        len(chosen), optim
+                    )
                 metrics["lr"] = self.optimizer.param_groups[0]["lr"]
                 self.optimizer.step()
                 step_metrics.append(metrics)

@@ -39,13 +39,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 import numpy as np
+from agent_rl.anchors import compute_anchor_keys
+from agent_rl.training.models.prompts import PromptFormat, Turn
+from agent_rl.training.serving.engines import Engine, SamplingParams
+from agent_rl.training.serving.envpool import EnvFactory, EnvPool, EnvResult, env_pool
 
 from agent_rl.batch import StepBatch
 from agent_rl.config import RolloutConfig, check_rollout
-from agent_rl.anchors import compute_anchor_keys
-from agent_rl.training.serving.engines import Engine, SamplingParams
-from agent_rl.training.serving.envpool import EnvFactory, EnvPool, EnvResult, env_pool
-from agent_rl.training.models.prompts import PromptFormat, Turn
 
 SEED_HIGH = 2**31 - 1
 
@@ -119,12 +119,21 @@ class PolicyActor:
     """The policy: prompts every active episode in one batched ``engine.generate`` call and parses
     each completion into an action."""
 
-    def __init__(self, engine: Engine, tokenizer, prompt_format: PromptFormat, sampling: SamplingParams, stats: PlayStats):
-        self.engine, self.tokenizer, self.format, self.sampling, self.stats = engine, tokenizer, prompt_format, sampling, stats
+    def __init__(
+        self, engine: Engine, tokenizer, prompt_format: PromptFormat, sampling: SamplingParams, stats: PlayStats
+    ):
+        self.engine, self.tokenizer, self.format, self.sampling, self.stats = (
+            engine,
+            tokenizer,
+            prompt_format,
+            sampling,
+            stats,
+        )
 
     def act(self, episodes: list[Episode]) -> list[Move]:
         prompts = [
-            self.format.prompt_ids(self.tokenizer, e.task, e.history, e.observation, e.admissible_actions) for e in episodes
+            self.format.prompt_ids(self.tokenizer, e.task, e.history, e.observation, e.admissible_actions)
+            for e in episodes
         ]
         start = time.perf_counter()
         completions = self.engine.generate(prompts, 1, self.sampling)
@@ -133,7 +142,9 @@ class PolicyActor:
         for episode, prompt, (completion,) in zip(episodes, prompts, completions):
             text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
             action, found = self.format.parse(text, episode.admissible_actions)
-            moves.append(Move(action, prompt, completion.token_ids, completion.logprobs, completion.finish_reason, found))
+            moves.append(
+                Move(action, prompt, completion.token_ids, completion.logprobs, completion.finish_reason, found)
+            )
         return moves
 
 
@@ -214,7 +225,11 @@ def _record(episode: Episode, move: Move, result: EnvResult, config: RolloutConf
         _fail(episode, failure)
         return
     observation, reward, terminated, truncated, info = (
-        result.observation, result.reward, result.terminated, result.truncated, result.info
+        result.observation,
+        result.reward,
+        result.terminated,
+        result.truncated,
+        result.info,
     )
     shaping = float(
         overlong_shaping(len(move.response_ids), config.max_new_tokens, config.overlong_penalty, config.overlong_buffer)
@@ -267,9 +282,13 @@ def anchor_keys(batch: StepBatch, kind: str, rollout: RolloutConfig) -> np.ndarr
     the prompts showed (their observations only when ``rollout.history_observations``)."""
     context = kind == "context"
     return compute_anchor_keys(
-        kind, observations=batch.observation if rollout.history_observations or not context else None,
-        errors=batch.error, states=batch.anchor_state, group_ids=batch.group_id if kind == "similarity" else None,
-        actions=batch.action if context else None, traj_ids=batch.traj_id if context else None,
+        kind,
+        observations=batch.observation if rollout.history_observations or not context else None,
+        errors=batch.error,
+        states=batch.anchor_state,
+        group_ids=batch.group_id if kind == "similarity" else None,
+        actions=batch.action if context else None,
+        traj_ids=batch.traj_id if context else None,
         history_turns=rollout.history_turns if context else None,
     )
 
@@ -331,7 +350,12 @@ def collect_rollouts(
     group_ids = [g for g, members in enumerate(kept) for _ in members]
     batch = episodes_to_batch(episodes, group_ids)
     stats = episode_stats(played, play, time.perf_counter() - start)
-    stats.update(dropped_groups=float(dropped_groups), rounds=float(rounds), batch_groups=float(len(kept)), batch_rows=float(len(batch)))
+    stats.update(
+        dropped_groups=float(dropped_groups),
+        rounds=float(rounds),
+        batch_groups=float(len(kept)),
+        batch_rows=float(len(batch)),
+    )
     return batch, stats
 
 

@@ -21,15 +21,23 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+from agent_rl.training.loop.learner import response_logits, warmup_lr
+from agent_rl.training.loop.rollout import (
+    Episode,
+    Move,
+    PlayStats,
+    PolicyActor,
+    draw_seeds,
+    play_episodes,
+    sampling_params,
+)
+from agent_rl.training.models.prompts import PromptFormat
+from agent_rl.training.serving.engines import Engine, HFEngine
+from agent_rl.training.serving.envpool import EnvFactory, EnvPool, env_pool
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from agent_rl.config import SFT_MODES, Config, RolloutConfig
-from agent_rl.training.serving.envpool import EnvFactory, EnvPool, env_pool
-from agent_rl.training.loop.learner import response_logits, warmup_lr
-from agent_rl.training.models.prompts import PromptFormat
-from agent_rl.training.serving.engines import Engine, HFEngine
-from agent_rl.training.loop.rollout import Episode, Move, PlayStats, PolicyActor, draw_seeds, play_episodes, sampling_params
 
 FORMAT_CHECK_EVERY = 25
 """Cloning steps between two measurements of the format accuracy (``sft.format_target``)."""
@@ -62,9 +70,14 @@ class Demonstrations:
 
         def part(mask: np.ndarray) -> Demonstrations:
             index = np.flatnonzero(mask)
-            return Demonstrations([self.prompts[i] for i in index], [self.responses[i] for i in index], self.episodes,
-                                  self.successes, [self.admissible[i] for i in index] if self.admissible else [],
-                                  self.failures)
+            return Demonstrations(
+                [self.prompts[i] for i in index],
+                [self.responses[i] for i in index],
+                self.episodes,
+                self.successes,
+                [self.admissible[i] for i in index] if self.admissible else [],
+                self.failures,
+            )
 
         return part(chosen), part(~chosen)
 
@@ -80,8 +93,17 @@ class DemonstrationActor:
     ``epsilon`` (oracle mode) is the probability that a turn plays a random admissible action and
     clones it: the demonstrations of an epsilon-greedy expert."""
 
-    def __init__(self, pool: EnvPool, tokenizer, prompt_format: PromptFormat, *, mode: str, rng: np.random.Generator,
-                 perturb: float = 0.0, epsilon: float = 0.0):
+    def __init__(
+        self,
+        pool: EnvPool,
+        tokenizer,
+        prompt_format: PromptFormat,
+        *,
+        mode: str,
+        rng: np.random.Generator,
+        perturb: float = 0.0,
+        epsilon: float = 0.0,
+    ):
         self.pool, self.tokenizer, self.format = pool, tokenizer, prompt_format
         self.mode, self.rng, self.perturb, self.epsilon = mode, rng, perturb, epsilon
         self.plans: dict[int, list[str]] = {}
@@ -99,8 +121,10 @@ class DemonstrationActor:
         if self.mode == "random":
             if not admissible:
                 call = "step()" if episode.history else "reset()"
-                raise ValueError(f"sft.mode=random needs info['admissible_actions'] at every turn, and the info "
-                                 f"{self.pool.env_id}'s {call} returned for turn {len(episode.history)} has none")
+                raise ValueError(
+                    f"sft.mode=random needs info['admissible_actions'] at every turn, and the info "
+                    f"{self.pool.env_id}'s {call} returned for turn {len(episode.history)} has none"
+                )
             return self._cloned(episode, admissible[int(self.rng.integers(len(admissible)))])
         plan = self.plans[episode.slot]
         if not plan:  # won, or no winning plan is left from here
@@ -140,7 +164,8 @@ class OracleLabeller:
         moves = self.policy.act(episodes)
         plans = self.pool.oracle([e.slot for e in episodes])
         return [
-            dataclasses.replace(move, response_ids=response_ids(self.tokenizer, self.format, plan[0])) if plan
+            dataclasses.replace(move, response_ids=response_ids(self.tokenizer, self.format, plan[0]))
+            if plan
             else dataclasses.replace(move, learn=False)
             for move, plan in zip(moves, plans)
         ]
@@ -152,8 +177,11 @@ def demonstrations_of(episodes: Sequence[Episode]) -> Demonstrations:
     played = [e for e in episodes if e.failure is None]
     cloned = [row for e in played for row in e.rows if row["learn"]]
     return Demonstrations(
-        [row["prompt_ids"].tolist() for row in cloned], [row["response_ids"].tolist() for row in cloned],
-        len(episodes), sum(bool(e.rows and e.rows[-1]["won"]) for e in played), [row["admissible"] for row in cloned],
+        [row["prompt_ids"].tolist() for row in cloned],
+        [row["response_ids"].tolist() for row in cloned],
+        len(episodes),
+        sum(bool(e.rows and e.rows[-1]["won"]) for e in played),
+        [row["admissible"] for row in cloned],
         [e.failure for e in episodes if e.failure is not None],
     )
 
@@ -187,18 +215,31 @@ def collect_demonstrations(
                 f"sft.mode=oracle needs an environment with an oracle() method and {pool.env_id} has none; use "
                 "sft.mode=random (clones random admissible actions) or sft.mode=none"
             )
-        actor = DemonstrationActor(pool, tokenizer, PromptFormat.from_rollout(config), mode=mode, rng=rng, perturb=perturb,
-                                   epsilon=epsilon)
-        episodes = [episode for seed in seeds for episode in play_episodes(pool, actor, [seed], [0], config, PlayStats())]
+        actor = DemonstrationActor(
+            pool, tokenizer, PromptFormat.from_rollout(config), mode=mode, rng=rng, perturb=perturb, epsilon=epsilon
+        )
+        episodes = [
+            episode for seed in seeds for episode in play_episodes(pool, actor, [seed], [0], config, PlayStats())
+        ]
     demos = demonstrations_of(episodes)
     if not demos.prompts and demos.failures:
-        raise ValueError(f"no SFT demonstrations were collected: {len(demos.failures)} of {len(episodes)} demonstration "
-                         f"episodes failed in {pool.env_id}; the first error: {demos.failures[0]}")
+        raise ValueError(
+            f"no SFT demonstrations were collected: {len(demos.failures)} of {len(episodes)} demonstration "
+            f"episodes failed in {pool.env_id}; the first error: {demos.failures[0]}"
+        )
     return demos
 
 
-def collect_dagger(envs: EnvPool | EnvFactory, engine: Engine, tokenizer, config: RolloutConfig, *,
-                   seeds: Sequence[int], batch: int, timeout_s: float | None = None) -> Demonstrations:
+def collect_dagger(
+    envs: EnvPool | EnvFactory,
+    engine: Engine,
+    tokenizer,
+    config: RolloutConfig,
+    *,
+    seeds: Sequence[int],
+    batch: int,
+    timeout_s: float | None = None,
+) -> Demonstrations:
     """Play one greedy episode of ``engine``'s policy per seed, ``batch`` at a time, labelling each
     turn with the oracle's action (:class:`OracleLabeller`). Greedy, because the policy is evaluated
     greedily and a greedy policy's errors repeat: its loops are the states to correct.
@@ -208,7 +249,9 @@ def collect_dagger(envs: EnvPool | EnvFactory, engine: Engine, tokenizer, config
     episodes: list[Episode] = []
     with env_pool(envs, min(batch, len(seeds)), timeout_s=timeout_s) as pool:
         if not pool.has_oracle:
-            raise ValueError(f"sft.dagger_episodes needs an environment with an oracle() method and {pool.env_id} has none")
+            raise ValueError(
+                f"sft.dagger_episodes needs an environment with an oracle() method and {pool.env_id} has none"
+            )
         actor = OracleLabeller(policy, pool, tokenizer, prompt_format)
         for start in range(0, len(seeds), batch):
             chunk = seeds[start : start + batch]
@@ -217,7 +260,10 @@ def collect_dagger(envs: EnvPool | EnvFactory, engine: Engine, tokenizer, config
 
 
 def supervised_step(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, prompts: list[list[int]], responses: list[list[int]],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    prompts: list[list[int]],
+    responses: list[list[int]],
     precision: str = "fp32",
 ) -> tuple[float, float]:
     """One cross-entropy step on the response tokens; returns (loss, token accuracy) of the batch."""
@@ -238,7 +284,8 @@ def format_accuracy(engine: Engine, tokenizer, config: RolloutConfig, probes: De
     prompt_format = PromptFormat.from_rollout(config)
     completions = engine.generate(probes.prompts, 1, sampling_params(config))
     named = [
-        prompt_format.parse(tokenizer.decode(completion.token_ids, skip_special_tokens=True), actions)[0] in (actions or ())
+        prompt_format.parse(tokenizer.decode(completion.token_ids, skip_special_tokens=True), actions)[0]
+        in (actions or ())
         for (completion,), actions in zip(completions, probes.admissible)
     ]
     return float(np.mean(named))
@@ -283,8 +330,13 @@ def train_supervised(
     history: list[tuple[float, float]] = []
     extra: Demonstrations | None = None
     columns = (
-        TextColumn("[bold]SFT"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]:.3f}"),
-        TextColumn("acc {task.fields[acc]:.3f}"), TimeElapsedColumn(), TimeRemainingColumn(),
+        TextColumn("[bold]SFT"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]:.3f}"),
+        TextColumn("acc {task.fields[acc]:.3f}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
     )
     with Progress(*columns, disable=not progress, transient=True) as bar:
         task = bar.add_task("sft", total=steps, loss=float("nan"), acc=float("nan"))
@@ -297,10 +349,17 @@ def train_supervised(
                 model.train()
             pairs = [demos, extra] if extra else [demos]  # a round that labelled nothing changes nothing
             shares = [batch_size - batch_size // 2, batch_size // 2] if extra else [batch_size]
-            batch = [(part, int(i)) for part, share in zip(pairs, shares)
-                     for i in rng.choice(len(part), size=min(share, len(part)), replace=False)]
+            batch = [
+                (part, int(i))
+                for part, share in zip(pairs, shares)
+                for i in rng.choice(len(part), size=min(share, len(part)), replace=False)
+            ]
             loss, accuracy = supervised_step(
-                model, optimizer, [part.prompts[i] for part, i in batch], [part.responses[i] for part, i in batch], precision
+                model,
+                optimizer,
+                [part.prompts[i] for part, i in batch],
+                [part.responses[i] for part, i in batch],
+                precision,
             )
             history.append((loss, accuracy))
             bar.update(task, advance=1, loss=loss, acc=accuracy)
@@ -314,13 +373,22 @@ def train_supervised(
         "sft/steps_taken": float(len(history)),
         "sft/pairs": float(len(demos)),
         "sft/demo_success_rate": demos.successes / max(demos.episodes, 1),
-        **({"sft/dagger_pairs": float(len(extra)), "sft/dagger_success_rate": extra.successes / max(extra.episodes, 1)}
-           if extra is not None else {}),
+        **(
+            {"sft/dagger_pairs": float(len(extra)), "sft/dagger_success_rate": extra.successes / max(extra.episodes, 1)}
+            if extra is not None
+            else {}
+        ),
     }
 
 
-def warm_start(model: torch.nn.Module, tokenizer, make_env: EnvFactory, config: Config,
-               console: Console | None = None, engine: Engine | None = None) -> dict[str, float]:
+def warm_start(
+    model: torch.nn.Module,
+    tokenizer,
+    make_env: EnvFactory,
+    config: Config,
+    console: Console | None = None,
+    engine: Engine | None = None,
+) -> dict[str, float]:
     """The supervised warm start ``config.sft`` asks for, on demonstrations in the rollout prompt
     format; returns its metrics (none when ``sft.mode`` is ``none``). The DAgger round
     (``sft.dagger_episodes``, oracle mode) plays the clone on ``engine``, synced to ``model`` first.
@@ -336,16 +404,26 @@ def warm_start(model: torch.nn.Module, tokenizer, make_env: EnvFactory, config: 
     rng = np.random.default_rng([config.trainer.seed, 3])
     used: set[int] = set()
     demos = collect_demonstrations(
-        make_env, tokenizer, config.rollout, mode=sft.mode, seeds=draw_seeds(rng, sft.episodes, used), rng=rng,
-        perturb=sft.perturb, epsilon=sft.epsilon, timeout_s=config.env.timeout_s,
+        make_env,
+        tokenizer,
+        config.rollout,
+        mode=sft.mode,
+        seeds=draw_seeds(rng, sft.episodes, used),
+        rng=rng,
+        perturb=sft.perturb,
+        epsilon=sft.epsilon,
+        timeout_s=config.env.timeout_s,
     )
     checks: list[float] = []
     probes = None
     if sft.mode == "random" and sft.format_target is not None and len(demos) >= 2:
         # At most half of the pairs are held out, so a small demonstration set still trains.
         probes, demos = demos.split(rng.choice(len(demos), size=min(FORMAT_PROBES, len(demos) // 2), replace=False))
-        engine = engine if engine is not None else HFEngine(model, tokenizer, seed=config.trainer.seed,
-                                                                 precision=config.policy.precision)
+        engine = (
+            engine
+            if engine is not None
+            else HFEngine(model, tokenizer, seed=config.trainer.seed, precision=config.policy.precision)
+        )
     started = time.perf_counter()
 
     def until(steps_taken: int) -> bool:
@@ -356,6 +434,7 @@ def warm_start(model: torch.nn.Module, tokenizer, make_env: EnvFactory, config: 
         engine.update_weights(model)
         checks.append(format_accuracy(engine, tokenizer, config.rollout, probes))
         return checks[-1] >= sft.format_target
+
     dagger = None
     if sft.mode == "oracle" and sft.dagger_episodes > 0:
         if engine is None:
@@ -363,13 +442,30 @@ def warm_start(model: torch.nn.Module, tokenizer, make_env: EnvFactory, config: 
 
         def collect() -> Demonstrations:
             engine.update_weights(model)
-            return collect_dagger(make_env, engine, tokenizer, config.rollout, seeds=draw_seeds(rng, sft.dagger_episodes, used),
-                                  batch=config.rollout.n_groups * config.rollout.group_size, timeout_s=config.env.timeout_s)
+            return collect_dagger(
+                make_env,
+                engine,
+                tokenizer,
+                config.rollout,
+                seeds=draw_seeds(rng, sft.dagger_episodes, used),
+                batch=config.rollout.n_groups * config.rollout.group_size,
+                timeout_s=config.env.timeout_s,
+            )
 
         dagger = (int(sft.steps * (1.0 - sft.dagger_fraction)), collect)
-    metrics = train_supervised(model, demos, steps=sft.steps, lr=sft.lr, batch_size=sft.batch_size, rng=rng,
-                               schedule=sft.lr_schedule, progress=config.logging.console, dagger=dagger,
-                               precision=config.policy.precision, until=until)
+    metrics = train_supervised(
+        model,
+        demos,
+        steps=sft.steps,
+        lr=sft.lr,
+        batch_size=sft.batch_size,
+        rng=rng,
+        schedule=sft.lr_schedule,
+        progress=config.logging.console,
+        dagger=dagger,
+        precision=config.policy.precision,
+        until=until,
+    )
     if checks:
         metrics["sft/format_accuracy"] = checks[-1]
     limit = config.rollout.max_new_tokens
@@ -377,17 +473,21 @@ def warm_start(model: torch.nn.Module, tokenizer, make_env: EnvFactory, config: 
     metrics["sft/overlong_fraction"] = len(too_long) / len(demos)
     if console is not None:
         if demos.failures:
-            console.print(f"[yellow]warning[/]: {len(demos.failures)} of {demos.episodes} demonstration episodes failed "
-                          f"(their environment raised) and add no pairs; the first error: {demos.failures[0]}")
+            console.print(
+                f"[yellow]warning[/]: {len(demos.failures)} of {demos.episodes} demonstration episodes failed "
+                f"(their environment raised) and add no pairs; the first error: {demos.failures[0]}"
+            )
         reached = f", format accuracy {checks[-1]:.2f}" if checks else ""
         console.print(
-            f"SFT ({sft.mode}): {int(metrics['sft/pairs'])} pairs, {int(metrics['sft/steps_taken'])} of {sft.steps} steps, "
+            f"SFT ({sft.mode}): {int(metrics['sft/pairs'])} pairs, {int(metrics['sft/steps_taken'])} of {sft.steps} "
+            "steps, "
             f"token accuracy {metrics['sft/token_accuracy']:.3f}, loss {metrics['sft/loss']:.3f}{reached}"
         )
         if "sft/dagger_pairs" in metrics:
             console.print(
                 f"DAgger: the clone won {metrics['sft/dagger_success_rate']:.0%} of {sft.dagger_episodes} greedy "
-                f"episodes; {int(metrics['sft/dagger_pairs'])} oracle-labelled pairs for the last {sft.dagger_fraction:.0%} of the steps"
+                f"episodes; {int(metrics['sft/dagger_pairs'])} oracle-labelled pairs for the last "
+                f"{sft.dagger_fraction:.0%} of the steps"
             )
         if too_long:
             # The policy learns replies that generation then cuts off: those actions can never be played.

@@ -24,33 +24,54 @@ from typing import Any
 
 import numpy as np
 import torch
+from agent_rl.envs import AUTO_SFT_REASONS
+from agent_rl.training.infra import checkpoint
+from agent_rl.training.infra.distributed import (
+    broadcast_flag,
+    broadcast_parameters,
+    check_precision,
+    init_distributed,
+    resolve_device,
+    shutdown_distributed,
+)
+from agent_rl.training.infra.logger import RunLogger
+from agent_rl.training.infra.resolution import resolve
+from agent_rl.training.loop.evaluation import evaluate_heldout, target_reached
+from agent_rl.training.loop.learner import Learner
+from agent_rl.training.loop.rollout import anchor_keys, collect_rollouts
+from agent_rl.training.loop.sft import warm_start
+from agent_rl.training.models.policy import add_lora, is_lora
+from agent_rl.training.serving.engines import Engine, engine_from_config
+from agent_rl.training.serving.envpool import EnvFactory, env_factory, failure_kind, pool_from_config
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agent_rl.advantages import compute_advantages
 from agent_rl.config import Config, ConfigError, config_to_dict, save_config
-from agent_rl.envs import AUTO_SFT_REASONS
-from agent_rl.training.infra import checkpoint
-from agent_rl.training.infra.distributed import (
-    broadcast_flag, broadcast_parameters, check_precision, init_distributed, resolve_device, shutdown_distributed,
-)
-from agent_rl.training.serving.engines import Engine, engine_from_config
-from agent_rl.training.serving.envpool import EnvFactory, env_factory, failure_kind, pool_from_config
-from agent_rl.training.loop.evaluation import evaluate_heldout, target_reached
-from agent_rl.training.loop.learner import Learner
-from agent_rl.training.infra.logger import RunLogger
-from agent_rl.training.models.policy import add_lora, is_lora
-from agent_rl.training.infra.resolution import resolve
-from agent_rl.training.loop.rollout import anchor_keys, collect_rollouts
-from agent_rl.training.loop.sft import warm_start
 
-RESUME_MAY_CHANGE = ("trainer.iterations", "trainer.run_dir", "trainer.target_success", "trainer.confirm_episodes", "trainer.torch_threads", "logging", "engine", "scale")
+RESUME_MAY_CHANGE = (
+    "trainer.iterations",
+    "trainer.run_dir",
+    "trainer.target_success",
+    "trainer.confirm_episodes",
+    "trainer.torch_threads",
+    "logging",
+    "engine",
+    "scale",
+)
 """Config keys a resumed run may change; any other difference refuses the checkpoint."""
 
 ROLLOUT_METRICS = {
-    "success_rate": "success_rate", "return": "mean_return", "length": "mean_length", "invalid_rate": "invalid_action_rate",
-    "overlong_rate": "overlong_rate", "failed_trajectories": "failed_trajectories", "dropped_groups": "dropped_groups",
-    "rounds": "rounds", "rows": "batch_rows", "tokens_per_s": "tokens_per_s",
+    "success_rate": "success_rate",
+    "return": "mean_return",
+    "length": "mean_length",
+    "invalid_rate": "invalid_action_rate",
+    "overlong_rate": "overlong_rate",
+    "failed_trajectories": "failed_trajectories",
+    "dropped_groups": "dropped_groups",
+    "rounds": "rounds",
+    "rows": "batch_rows",
+    "tokens_per_s": "tokens_per_s",
 }
 """Logged ``rollout/<name>`` metrics and the ``collect_rollouts`` statistic each one reports."""
 
@@ -113,8 +134,12 @@ class Trainer:
         iteration (0 is the warm start and its evaluation)."""
         cfg = self.config = resolve(config, make_env)
         if cfg.policy.lora_rank > 0 and not is_lora(model):
-            model = add_lora(model, rank=cfg.policy.lora_rank, alpha=cfg.policy.lora_alpha,
-                             target_modules=cfg.policy.lora_target_modules)
+            model = add_lora(
+                model,
+                rank=cfg.policy.lora_rank,
+                alpha=cfg.policy.lora_alpha,
+                target_modules=cfg.policy.lora_target_modules,
+            )
         self.model, self.tokenizer, self.make_env = model.eval(), tokenizer, make_env  # eval: no dropout
         self.on_iteration = on_iteration
         self.console = console if console is not None else Console(quiet=not cfg.logging.console)
@@ -125,7 +150,9 @@ class Trainer:
         device = next(model.parameters()).device
         if config.policy.precision == "auto":
             native = "runs" if cfg.policy.precision == "bf16" else "has no native"
-            self.console.print(f"policy.precision=auto chose {cfg.policy.precision}: {device} {native} bfloat16 matrix products")
+            self.console.print(
+                f"policy.precision=auto chose {cfg.policy.precision}: {device} {native} bfloat16 matrix products"
+            )
         try:
             check_precision(cfg.policy.precision, device)
         except ValueError as exc:
@@ -136,7 +163,10 @@ class Trainer:
         if not self.dist.is_main:
             self.console = Console(quiet=True)  # rank 0 reports for everyone
         self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad], lr=cfg.optim.lr, betas=cfg.optim.betas, eps=cfg.optim.adam_eps,
+            [p for p in model.parameters() if p.requires_grad],
+            lr=cfg.optim.lr,
+            betas=cfg.optim.betas,
+            eps=cfg.optim.adam_eps,
             weight_decay=cfg.optim.weight_decay,
         )
         self.seed_stream = np.random.default_rng([cfg.trainer.seed, 1])
@@ -161,18 +191,29 @@ class Trainer:
             if hasattr(self.engine, "calls"):
                 self.engine.calls = int(self.state["engine_calls"])  # the per-call sampling seeds continue
             self.pool = pool_from_config(make_env, cfg)
-            self.logger = RunLogger(self.run_dir, tensorboard=cfg.logging.tensorboard, console=self.console,
-                                    resume_iteration=self.iteration if self.started else None)
+            self.logger = RunLogger(
+                self.run_dir,
+                tensorboard=cfg.logging.tensorboard,
+                console=self.console,
+                resume_iteration=self.iteration if self.started else None,
+            )
 
     @classmethod
-    def from_config(cls, config: Config, *, model: torch.nn.Module | None = None, tokenizer=None,
-                    make_env: EnvFactory | None = None, engine: Engine | None = None, **kwargs: Any) -> Trainer:
+    def from_config(
+        cls,
+        config: Config,
+        *,
+        model: torch.nn.Module | None = None,
+        tokenizer=None,
+        make_env: EnvFactory | None = None,
+        engine: Engine | None = None,
+        **kwargs: Any,
+    ) -> Trainer:
         """A trainer whose objects are built from ``config``'s names (the policy, ``env.id`` with
         ``env.kwargs`` and ``env.imports``, the engine), except those passed in. Seeds python, numpy
         and torch with ``trainer.seed`` first. ``kwargs`` go to the constructor (``resume``, ...)."""
-        from transformers.utils import logging as hf_logging
-
         from agent_rl.training.models.policy import load_policy
+        from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # our own progress display replaces the per-shard bars
         make_env = make_env or env_factory(config)  # the constructor resolves the config
@@ -193,8 +234,9 @@ class Trainer:
         why_skipped = "every row has zero advantage"
         if self.dist.is_main:
             with timed(metrics, "time/rollout"):
-                batch, stats = collect_rollouts(self.pool, self.engine, self.tokenizer, cfg.rollout, self.seed_stream,
-                                                progress=progress)
+                batch, stats = collect_rollouts(
+                    self.pool, self.engine, self.tokenizer, cfg.rollout, self.seed_stream, progress=progress
+                )
             metrics.update({f"rollout/{name}": stats[key] for name, key in ROLLOUT_METRICS.items()})
             self._report_env_failures(stats)
             if len(batch):  # dynamic sampling may keep no group: nothing to learn from this round
@@ -205,12 +247,16 @@ class Trainer:
                 blind = credit.blind_step_credit()
                 if blind and not self.warned_blind_step_credit:
                     self.warned_blind_step_credit = True
-                    self.console.print(f"[yellow]warning[/]: iteration {self.iteration}: {blind}; env.anchor_key="
-                                       f"{cfg.env.anchor_key} may never repeat in {cfg.env.id} (see anchors/grouped_fraction)")
+                    self.console.print(
+                        f"[yellow]warning[/]: iteration {self.iteration}: {blind}; env.anchor_key="
+                        f"{cfg.env.anchor_key} may never repeat in {cfg.env.id} (see anchors/grouped_fraction)"
+                    )
                 advantages = credit.advantages
                 if credit.filtered_out():
-                    why_skipped = ("the variance filter (algo.keep_groups) dropped every group: each group's returns "
-                                   "were all equal")
+                    why_skipped = (
+                        "the variance filter (algo.keep_groups) dropped every group: each group's returns "
+                        "were all equal"
+                    )
             else:
                 batch = None
         with timed(metrics, "time/update"):
@@ -240,20 +286,28 @@ class Trainer:
         self.failing_streak = self.failing_streak + 1 if share > 0.5 else 0
         if not failures:
             return
-        self.console.print(f"iteration {self.iteration}: {len(failures)} of {played} trajectories failed in the environment "
-                           "and are left out")
+        self.console.print(
+            f"iteration {self.iteration}: {len(failures)} of {played} trajectories failed in the environment "
+            "and are left out"
+        )
         limit = self.config.trainer.max_failed_share
         if share >= limit or self.failing_streak >= 2:
             count = f"{len(failures)} of {played} trajectories failed at iteration {self.iteration}"
-            why = (f"{count} (trainer.max_failed_share={limit})" if share >= limit else
-                   f"more than half of the trajectories failed in two iterations running ({count})")
+            why = (
+                f"{count} (trainer.max_failed_share={limit})"
+                if share >= limit
+                else f"more than half of the trajectories failed in two iterations running ({count})"
+            )
             raise EnvironmentFailures(f"{why}; the first error: {failures[0]}; the run stops ({self._how_to_go_on()})")
 
     def _how_to_go_on(self) -> str:
         """What the last checkpoint holds and the command that continues from it."""
         saved = checkpoint.saved_iteration(self.run_dir)
-        return ("no checkpoint was saved yet" if saved is None else
-                f"the last checkpoint is iteration {saved}; continue with: {checkpoint.resume_command(self.run_dir)}")
+        return (
+            "no checkpoint was saved yet"
+            if saved is None
+            else f"the last checkpoint is iteration {saved}; continue with: {checkpoint.resume_command(self.run_dir)}"
+        )
 
     def _guard_nonfinite(self, learned: dict[str, float]) -> None:
         """Say when the learner skipped steps whose loss or gradient norm was not finite, and stop the
@@ -265,12 +319,16 @@ class Trainer:
                 self.nonfinite_streak = 0
             return
         self.nonfinite_streak = skipped if learned.get("update/optimizer_steps") else self.nonfinite_streak + skipped
-        self.console.print(f"[yellow]warning[/]: iteration {self.iteration}: {skipped} optimizer step(s) skipped: "
-                           "the loss or the gradient norm was not finite")
+        self.console.print(
+            f"[yellow]warning[/]: iteration {self.iteration}: {skipped} optimizer step(s) skipped: "
+            "the loss or the gradient norm was not finite"
+        )
         if self.nonfinite_streak >= NONFINITE_STOP:
-            raise NonFiniteUpdates(f"{self.nonfinite_streak} optimizer steps in a row had a non-finite loss or gradient "
-                                   f"norm at iteration {self.iteration}; they changed no weight and the run stops "
-                                   f"({self._how_to_go_on()})")
+            raise NonFiniteUpdates(
+                f"{self.nonfinite_streak} optimizer steps in a row had a non-finite loss or gradient "
+                f"norm at iteration {self.iteration}; they changed no weight and the run stops "
+                f"({self._how_to_go_on()})"
+            )
 
     def evaluate(self, progress: Progress) -> dict[str, float]:
         """Held-out evaluation (``agent_rl.training.loop.evaluation.evaluate_heldout``), timed."""
@@ -288,7 +346,8 @@ class Trainer:
         trained = f" (trained {n_trained / 1e6:.2f}M)" if n_trained < n_params else ""
         self.console.print(
             f"[bold]agent-rl train[/] env={cfg.env.id} algo={cfg.algo.preset} engine={cfg.engine.kind} "
-            f"device={next(self.model.parameters()).device} params={n_params / 1e6:.2f}M{trained} anchor={cfg.env.anchor_key} "
+            f"device={next(self.model.parameters()).device} params={n_params / 1e6:.2f}M{trained} "
+            f"anchor={cfg.env.anchor_key} "
             f"run_dir={self.run_dir}"
         )
         reached = False
@@ -373,11 +432,15 @@ class Trainer:
         if resume_from not in checkpoint.POINTERS:
             raise ValueError(f"resume_from (--resume-from) must be one of {checkpoint.POINTERS}, got {resume_from!r}")
         if resume_from != "last" and not resume:
-            raise ValueError(f"resume_from={resume_from!r} (--resume-from) applies only to a resumed run: resume=True "
-                             "or 'auto' (--resume RUN_DIR or --resume auto)")
+            raise ValueError(
+                f"resume_from={resume_from!r} (--resume-from) applies only to a resumed run: resume=True "
+                "or 'auto' (--resume RUN_DIR or --resume auto)"
+            )
         if resume == "auto" and not cfg.trainer.run_dir:
-            raise ConfigError("config key 'trainer.run_dir': resuming with 'auto' needs a fixed run directory, "
-                              "the one a restarted job looks in")
+            raise ConfigError(
+                "config key 'trainer.run_dir': resuming with 'auto' needs a fixed run directory, "
+                "the one a restarted job looks in"
+            )
         self.run_dir = Path(cfg.trainer.run_dir) if cfg.trainer.run_dir else default_run_dir(cfg)
         cfg.trainer.run_dir = str(self.run_dir)
         if self.dist.is_main and (left := checkpoint.remove_leftovers(self.run_dir)):
@@ -390,12 +453,21 @@ class Trainer:
             checkpoint.claim_run_dir(self.run_dir, self.dist)
             return False
         self.iteration, self.state = checkpoint.resume_run(
-            self.run_dir, cfg, model=self.model, optimizer=self.optimizer, generators=self._generators(),
-            may_change=RESUME_MAY_CHANGE, which=resume_from,
+            self.run_dir,
+            cfg,
+            model=self.model,
+            optimizer=self.optimizer,
+            generators=self._generators(),
+            may_change=RESUME_MAY_CHANGE,
+            which=resume_from,
         )
-        self.console.print(f"[bold]resumed[/] {self.run_dir} at iteration {self.iteration} ({resume_from!r} checkpoint)")
+        self.console.print(
+            f"[bold]resumed[/] {self.run_dir} at iteration {self.iteration} ({resume_from!r} checkpoint)"
+        )
         if self.dist.is_main and (moved := checkpoint.rewind(self.run_dir, resume_from)):
-            self.console.print(f"pointers {', '.join(moved)} now name iteration {self.iteration}; the iterations after it run again")
+            self.console.print(
+                f"pointers {', '.join(moved)} now name iteration {self.iteration}; the iterations after it run again"
+            )
         saved_threads = self.state.get("torch_threads")
         if saved_threads is not None and saved_threads != torch.get_num_threads():
             self.console.print(
@@ -415,14 +487,26 @@ class Trainer:
         if self.iteration == 0:
             pointers += ("sft",)
         checkpoint.save_checkpoint(
-            self.run_dir, self.iteration, model=self.model, tokenizer=self.tokenizer, optimizer=self.optimizer,
-            config=config_to_dict(self.config), trainer_state=self.state, generators=self._generators(), pointers=pointers,
+            self.run_dir,
+            self.iteration,
+            model=self.model,
+            tokenizer=self.tokenizer,
+            optimizer=self.optimizer,
+            config=config_to_dict(self.config),
+            trainer_state=self.state,
+            generators=self._generators(),
+            pointers=pointers,
         )
 
     def _progress(self) -> Progress:
         return Progress(
-            TextColumn("[bold blue]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=self.console, transient=True, disable=not self.config.logging.console,
+            TextColumn("[bold blue]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=True,
+            disable=not self.config.logging.console,
         )
 
     def close(self) -> None:

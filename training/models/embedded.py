@@ -53,7 +53,9 @@ def embedded_policy_dir(root: Path, env_ids: list[str] | None = None) -> Path:
     config = json.loads(POLICY_CONFIG.read_text())
     env_ids, env_digests = covered_envs(env_ids if env_ids is not None else config["tokenizer"]["envs"])
     # The build code and the prompt templates are part of the key: editing them rebuilds.
-    code = {name: _source_digest(name) for name in ("agent_rl.training.models.embedded", "agent_rl.training.models.prompts")}
+    code = {
+        name: _source_digest(name) for name in ("agent_rl.training.models.embedded", "agent_rl.training.models.prompts")
+    }
     key_material = json.dumps({"config": config, "envs": env_digests, "code": code}, sort_keys=True)
     key = hashlib.sha256(key_material.encode()).hexdigest()[:16]
     target = root / f"embedded-{key}"
@@ -75,7 +77,6 @@ def embedded_policy_dir(root: Path, env_ids: list[str] | None = None) -> Path:
 def covered_envs(env_ids: list[str]) -> tuple[list[str], dict[str, str]]:
     """Those of ``env_ids`` whose entry point imports, with a digest of each one's source module."""
     import gymnasium as gym
-
     from agent_rl.envs import text_env_spec
 
     ids, digests = [], {}
@@ -102,9 +103,8 @@ def _source_digest(module_name: str) -> str:
 
 def build_embedded_policy(directory: Path, config: dict[str, Any], env_ids: list[str]) -> None:
     """Train the tokenizer, initialize the model (seeded) and ``save_pretrained`` both to ``directory``."""
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
-
     from agent_rl.training.models.prompts import template_corpus
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     settings = config["tokenizer"]
     texts = template_corpus() + sample_env_text(
@@ -140,7 +140,9 @@ def train_tokenizer(texts: list[str], *, vocab_size: int, min_frequency: int = 2
     from transformers import PreTrainedTokenizerFast
 
     if vocab_size < len(SPECIAL_TOKENS) + 256:
-        raise ValueError(f"vocab_size must be at least {len(SPECIAL_TOKENS) + 256} (specials + bytes), got {vocab_size}")
+        raise ValueError(
+            f"vocab_size must be at least {len(SPECIAL_TOKENS) + 256} (specials + bytes), got {vocab_size}"
+        )
     core = Tokenizer(models.BPE())
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()

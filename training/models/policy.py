@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import torch
-
 from agent_rl.training.models.embedded import EMBEDDED, embedded_policy_dir
 from agent_rl.training.models.gguf import gguf_policy_dir
 from agent_rl.training.models.known import KNOWN_MODELS, model_file
@@ -94,8 +93,9 @@ def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, target_modules:
     saved adapter loads on its own (``load_policy``)."""
     peft = _import_peft()
     targets = "all-linear" if list(target_modules) == ["all-linear"] else list(target_modules)
-    lora = peft.LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, bias="none",
-                           task_type="CAUSAL_LM")
+    lora = peft.LoraConfig(
+        r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM"
+    )
     try:
         wrapped = peft.get_peft_model(model, lora)
     except ValueError as exc:  # peft's "Target modules ... not found in the base model"
@@ -130,8 +130,11 @@ def serving_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     from peft.tuners.lora import LoraLayer
 
     base = model.get_base_model()
-    state = {name.replace(".base_layer.", "."): tensor.detach().to("cpu").clone()
-             for name, tensor in base.state_dict().items() if ".lora_" not in name}
+    state = {
+        name.replace(".base_layer.", "."): tensor.detach().to("cpu").clone()
+        for name, tensor in base.state_dict().items()
+        if ".lora_" not in name
+    }
     with torch.no_grad():
         for name, module in base.named_modules():
             if isinstance(module, LoraLayer) and not module.merged:

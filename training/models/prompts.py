@@ -168,9 +168,13 @@ class PromptFormat:
     def from_rollout(cls, rollout) -> PromptFormat:
         """The format a ``RolloutConfig`` describes."""
         return cls(
-            parser=rollout.parser, history_turns=rollout.history_turns, history_observations=rollout.history_observations,
-            system_prompt=rollout.system_prompt, show_admissible_actions=rollout.show_admissible_actions,
-            max_admissible_actions=rollout.max_admissible_actions, max_prompt_tokens=rollout.max_prompt_tokens,
+            parser=rollout.parser,
+            history_turns=rollout.history_turns,
+            history_observations=rollout.history_observations,
+            system_prompt=rollout.system_prompt,
+            show_admissible_actions=rollout.show_admissible_actions,
+            max_admissible_actions=rollout.max_admissible_actions,
+            max_prompt_tokens=rollout.max_prompt_tokens,
         )
 
     def parse(self, text: str, admissible_actions: Sequence[str] | None = None) -> tuple[str, bool]:
@@ -188,8 +192,12 @@ class PromptFormat:
         """System + user chat messages showing the last ``history_turns`` turns of ``history``."""
         shown = list(history[len(history) - self.history_turns :]) if self.history_turns else []
         user = render_user_message(
-            task, shown, observation, admissible_actions if self.show_admissible_actions else None,
-            total_turns=len(history), history_observations=self.history_observations,
+            task,
+            shown,
+            observation,
+            admissible_actions if self.show_admissible_actions else None,
+            total_turns=len(history),
+            history_observations=self.history_observations,
             max_admissible_actions=self.max_admissible_actions,
         )
         system = SYSTEM_PROMPTS[self.parser] if self.system_prompt is None else self.system_prompt
@@ -204,7 +212,9 @@ class PromptFormat:
         too long, the current observation keeps only its tail (the most recent text), marked with
         ``...``. Raises ValueError when even an empty observation does not fit."""
         for shown in range(min(self.history_turns, len(history)), -1, -1):
-            ids = encode_messages(tokenizer, replace(self, history_turns=shown).messages(task, history, observation, admissible_actions))
+            ids = encode_messages(
+                tokenizer, replace(self, history_turns=shown).messages(task, history, observation, admissible_actions)
+            )
             if len(ids) <= self.max_prompt_tokens:
                 return ids
         no_history = replace(self, history_turns=0)

@@ -16,9 +16,10 @@ reason: ``"stop"`` (a stop token was sampled; it is included in ``token_ids``) o
   dict in the object store once and every replica loads it. (Environments scale out on Ray in
   ``agent_rl.training.serving.envpool``.)
 
-The learner (``agent_rl.training.loop.learner.sequence_logprobs``) recomputes the same per-token logprobs with the
-training model, so ``old_logprobs`` from an engine and the learner's ``logp`` agree. With ``top_p < 1`` the engine's numbers include the nucleus renormalization that the learner does
-not apply: keep ``top_p = 1`` for on-policy RL.
+The learner (``agent_rl.training.loop.learner.sequence_logprobs``) recomputes the same per-token
+logprobs with the training model, so ``old_logprobs`` from an engine and the learner's ``logp``
+agree. With ``top_p < 1`` the engine's numbers include the nucleus renormalization that the
+learner does not apply: keep ``top_p = 1`` for on-policy RL.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-
 from agent_rl.training.infra.distributed import forward_precision
 from agent_rl.training.models.policy import serving_state_dict
 
@@ -108,8 +108,9 @@ def _check_request(prompts_token_ids: Sequence[Sequence[int]], n: int) -> None:
 class HFEngine:
     """Hugging Face ``generate`` on the (training) model object itself: no copy, no sync cost."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer, *, max_batch_size: int = 64, seed: int = 0,
-                 precision: str = "fp32") -> None:
+    def __init__(
+        self, model: torch.nn.Module, tokenizer, *, max_batch_size: int = 64, seed: int = 0, precision: str = "fp32"
+    ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model
@@ -142,19 +143,27 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.random.fork_rng(devices=cuda_devices), torch.no_grad(), forward_precision(self.model, device, self.precision):
+            with (
+                torch.random.fork_rng(devices=cuda_devices),
+                torch.no_grad(),
+                forward_precision(self.model, device, self.precision),
+            ):
                 # A fresh seed per call: reproducible, and independent of the caller's RNG use.
                 torch.manual_seed(self.seed * 1_000_003 + self.calls)
                 self.calls += 1
                 for start in range(0, len(rows), self.max_batch_size):
                     chunk = order[start : start + self.max_batch_size]
-                    for index, completion in zip(chunk, self._generate_batch([rows[i] for i in chunk], sampling, device)):
+                    for index, completion in zip(
+                        chunk, self._generate_batch([rows[i] for i in chunk], sampling, device)
+                    ):
                         completions[index] = completion
         finally:
             self.model.train(was_training)
         return [completions[i * n : (i + 1) * n] for i in range(len(prompts_token_ids))]
 
-    def _generate_batch(self, rows: list[list[int]], sampling: SamplingParams, device: torch.device) -> list[Completion]:
+    def _generate_batch(
+        self, rows: list[list[int]], sampling: SamplingParams, device: torch.device
+    ) -> list[Completion]:
         from transformers import GenerationConfig
 
         width = max(len(r) for r in rows)
@@ -163,9 +172,11 @@ class HFEngine:
         for i, r in enumerate(rows):  # left padding
             input_ids[i, width - len(r) :] = torch.tensor(r)
             attention_mask[i, width - len(r) :] = 1
-        mode = {"do_sample": False} if sampling.greedy else {
-            "do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0
-        }
+        mode = (
+            {"do_sample": False}
+            if sampling.greedy
+            else {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}
+        )
         config = GenerationConfig(
             **mode,
             max_new_tokens=sampling.max_new_tokens,
@@ -179,7 +190,10 @@ class HFEngine:
         )
         new_tokens = out.sequences[:, width:]
         logprobs = torch.stack(
-            [F.log_softmax(step.float(), dim=-1).gather(1, new_tokens[:, s, None])[:, 0] for s, step in enumerate(out.scores)],
+            [
+                F.log_softmax(step.float(), dim=-1).gather(1, new_tokens[:, s, None])[:, 0]
+                for s, step in enumerate(out.scores)
+            ],
             dim=1,
         )
         is_stop = torch.isin(new_tokens, torch.tensor(self.stop_ids, device=new_tokens.device))
@@ -282,7 +296,8 @@ class VLLMEngine:
             if sampling.greedy:  # the one greedy completion stands for every copy asked for
                 (only,) = completions
                 completions = [
-                    Completion(list(only.token_ids), list(only.logprobs), only.finish_reason) for _ in range(n * len(indices))
+                    Completion(list(only.token_ids), list(only.logprobs), only.finish_reason)
+                    for _ in range(n * len(indices))
                 ]
             for k, index in enumerate(indices):
                 result[index] = completions[k * n : (k + 1) * n]
@@ -329,8 +344,14 @@ def make_engine(kind: str, model: torch.nn.Module, tokenizer, **kwargs) -> HFEng
 class EngineReplica:
     """One generation engine inside a Ray actor."""
 
-    def __init__(self, config: dict[str, Any], state_dict: dict[str, torch.Tensor], tokenizer_files: dict[str, bytes],
-                 kind: str, engine_kwargs: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        config: dict[str, Any],
+        state_dict: dict[str, torch.Tensor],
+        tokenizer_files: dict[str, bytes],
+        kind: str,
+        engine_kwargs: dict[str, Any],
+    ) -> None:
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
         self._tokenizer_dir = tempfile.TemporaryDirectory(prefix="agent-rl-replica-")
@@ -343,7 +364,9 @@ class EngineReplica:
         self.model.eval()
         self.engine = make_engine(kind, self.model, tokenizer, **engine_kwargs)
 
-    def generate(self, prompts_token_ids: Sequence[Sequence[int]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
+    def generate(
+        self, prompts_token_ids: Sequence[Sequence[int]], n: int, sampling: SamplingParams
+    ) -> list[list[Completion]]:
         return self.engine.generate(prompts_token_ids, n, sampling)
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
@@ -392,11 +415,15 @@ class RayEngine:
         state_ref = ray.put(serving_state_dict(model))
         replica_class = ray.remote(num_cpus=num_cpus_per_replica, num_gpus=num_gpus_per_replica)(EngineReplica)
         self._replicas = [
-            replica_class.remote(model.config.to_dict(), state_ref, tokenizer_files, kind, {**engine_kwargs, "seed": seed + i})
+            replica_class.remote(
+                model.config.to_dict(), state_ref, tokenizer_files, kind, {**engine_kwargs, "seed": seed + i}
+            )
             for i in range(n_replicas)
         ]
 
-    def generate(self, prompts_token_ids: Sequence[Sequence[int]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
+    def generate(
+        self, prompts_token_ids: Sequence[Sequence[int]], n: int, sampling: SamplingParams
+    ) -> list[list[Completion]]:
         prompts = [list(p) for p in prompts_token_ids]
         chunks = [c for c in np.array_split(np.arange(len(prompts)), len(self._replicas)) if len(c)]
         futures = [
@@ -426,13 +453,24 @@ def engine_from_config(config, model: torch.nn.Module, tokenizer) -> Engine:
         raise ValueError(f"engine.kind {engine.kind!r} is not resolved; pass training.infra.resolution.resolve(config)")
     if scale.engine_replicas > 0:
         return RayEngine(
-            model, tokenizer, n_replicas=scale.engine_replicas, kind=engine.kind, seed=seed, address=scale.ray_address,
-            num_cpus_per_replica=scale.num_cpus_per_actor, num_gpus_per_replica=scale.num_gpus_per_replica,
+            model,
+            tokenizer,
+            n_replicas=scale.engine_replicas,
+            kind=engine.kind,
+            seed=seed,
+            address=scale.ray_address,
+            num_cpus_per_replica=scale.num_cpus_per_actor,
+            num_gpus_per_replica=scale.num_gpus_per_replica,
             precision=precision,
         )
     if engine.kind == "hf":
         return make_engine("hf", model, tokenizer, max_batch_size=engine.max_batch_size, seed=seed, precision=precision)
     return make_engine(
-        "vllm", model, tokenizer, seed=seed, kv_cache_memory_bytes=engine.kv_cache_memory_bytes,
-        enforce_eager=engine.enforce_eager, precision=precision,
+        "vllm",
+        model,
+        tokenizer,
+        seed=seed,
+        kv_cache_memory_bytes=engine.kv_cache_memory_bytes,
+        enforce_eager=engine.enforce_eager,
+        precision=precision,
     )

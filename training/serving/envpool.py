@@ -26,12 +26,11 @@ import threading
 import time
 import traceback
 from concurrent import futures
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
 import gymnasium as gym
-
 from agent_rl.envs.registration import make_text_env, return_env
 from agent_rl.training.infra.resolution import make_configured_env
 
@@ -125,10 +124,15 @@ def _failure(exc: BaseException, call: str) -> str:
     """``"ExceptionType: message (in call(); at file.py:12 in fn; ...)"``: what the environment raised,
     in which call, and the last ``FAILURE_FRAMES`` frames of its traceback outside this module and
     ``HIDDEN_DIRS``."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if f.filename != __file__ and not f.filename.startswith(HIDDEN_DIRS)][-FAILURE_FRAMES:]
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if f.filename != __file__ and not f.filename.startswith(HIDDEN_DIRS)
+    ][-FAILURE_FRAMES:]
     where = "; ".join(f"{Path(f.filename).name}:{f.lineno} in {f.name}" for f in frames)
-    return f"{traceback.format_exception_only(type(exc), exc)[-1].strip()} (in {call}(){'; at ' + where if where else ''})"
+    return (
+        f"{traceback.format_exception_only(type(exc), exc)[-1].strip()} (in {call}(){'; at ' + where if where else ''})"
+    )
 
 
 def failure_kind(failure: str) -> str:
@@ -197,8 +201,10 @@ class LocalEnvPool:
         if not done:
             self._calls.retire()
             self._calls, self.abandoned = _CallThread(), self.abandoned + 1
-            raise TimeoutError(f"{call}() gave no answer within {self.timeout_s:g} s (env.timeout_s); "
-                               "the environment was abandoned and is rebuilt on the next reset")
+            raise TimeoutError(
+                f"{call}() gave no answer within {self.timeout_s:g} s (env.timeout_s); "
+                "the environment was abandoned and is rebuilt on the next reset"
+            )
         return future.result()
 
     def _reset_slot(self, slot: int, seed: int) -> EnvResult:
@@ -214,7 +220,9 @@ class LocalEnvPool:
         observation, reward, terminated, truncated, info = self._envs[slot].step(action)
         return EnvResult(observation, float(reward), bool(terminated), bool(truncated), info)
 
-    def _each(self, call: str, fn: Callable[..., EnvResult], slots: Sequence[int], values: Sequence[Any]) -> list[EnvResult]:
+    def _each(
+        self, call: str, fn: Callable[..., EnvResult], slots: Sequence[int], values: Sequence[Any]
+    ) -> list[EnvResult]:
         """``fn(slot, value)`` per slot; a slot whose call raises or times out fails, and loses its
         environment, without stopping the others."""
         results = []
@@ -293,7 +301,6 @@ class RayEnvPool:
         timeout_s: float | None = None,
     ):
         import ray
-
         from agent_rl.envs import has_oracle
 
         if n_envs < 1 or n_actors < 1:
@@ -309,7 +316,9 @@ class RayEnvPool:
         self.make_env, self.n_envs, self.timeout_s = make_env, n_envs, timeout_s
         n_actors = min(n_actors, n_envs)
         self._per_actor = -(-n_envs // n_actors)
-        self._blocks = [range(start, min(start + self._per_actor, n_envs)) for start in range(0, n_envs, self._per_actor)]
+        self._blocks = [
+            range(start, min(start + self._per_actor, n_envs)) for start in range(0, n_envs, self._per_actor)
+        ]
         self._actor_class = ray.remote(num_cpus=num_cpus_per_actor)(LocalEnvPool)
         self._actors = [self._new_actor(block) for block in self._blocks]
         self._started = [False] * len(self._actors)
@@ -336,17 +345,28 @@ class RayEnvPool:
         results: list[Any] = [None] * len(slots)
         sent = time.monotonic()
         for actor, future in calls.items():
-            deadline = None if self.timeout_s is None else (
-                sent + self.timeout_s * len(per_actor[actor]) + (ACTOR_GRACE_S if self._started[actor] else ACTOR_START_S))
+            deadline = (
+                None
+                if self.timeout_s is None
+                else (
+                    sent
+                    + self.timeout_s * len(per_actor[actor])
+                    + (ACTOR_GRACE_S if self._started[actor] else ACTOR_START_S)
+                )
+            )
             try:
-                answers = self._ray.get(future, timeout=None if deadline is None else max(deadline - time.monotonic(), 0.0))
+                answers = self._ray.get(
+                    future, timeout=None if deadline is None else max(deadline - time.monotonic(), 0.0)
+                )
                 self._started[actor] = True
             except (self._ray.exceptions.RayActorError, self._ray.exceptions.GetTimeoutError) as exc:
                 # The actor (and its environments) are gone or stuck: fail its trajectories, start a new one.
                 if isinstance(exc, self._ray.exceptions.GetTimeoutError):
                     self._ray.kill(self._actors[actor], no_restart=True)
-                    why = (f"TimeoutError: the environment actor gave no answer within {self.timeout_s:g} s per call "
-                           f"(env.timeout_s) and was replaced (in {method}())")
+                    why = (
+                        f"TimeoutError: the environment actor gave no answer within {self.timeout_s:g} s per call "
+                        f"(env.timeout_s) and was replaced (in {method}())"
+                    )
                 else:
                     why = f"environment actor died: {_failure(exc, method)}"
                 self.restarts += 1
@@ -404,8 +424,16 @@ def pool_from_config(make_env: EnvFactory, config) -> EnvPool:
     """The pool a training run keeps for its rollouts and evaluations: enough environments for
     either, in-process or on ``scale.env_actors`` Ray actors."""
     rollout, trainer, scale = config.rollout, config.trainer, config.scale
-    n_envs = max(rollout.n_groups * rollout.group_size, trainer.eval_episodes)  # a confirmation plays eval_episodes at a time
+    n_envs = max(
+        rollout.n_groups * rollout.group_size, trainer.eval_episodes
+    )  # a confirmation plays eval_episodes at a time
     if scale.env_actors == 0:
         return LocalEnvPool(make_env, n_envs, timeout_s=config.env.timeout_s)
-    return RayEnvPool(make_env, n_envs, n_actors=scale.env_actors, address=scale.ray_address,
-                      num_cpus_per_actor=scale.num_cpus_per_actor, timeout_s=config.env.timeout_s)
+    return RayEnvPool(
+        make_env,
+        n_envs,
+        n_actors=scale.env_actors,
+        address=scale.ray_address,
+        num_cpus_per_actor=scale.num_cpus_per_actor,
+        timeout_s=config.env.timeout_s,
+    )
