@@ -141,6 +141,9 @@ def test_a_recipe_case_trains_with_its_recipe_and_its_own_seed_count(tmp_path):
     command = runs[0].command("hf")
     assert command[command.index("--config") + 1] == "sokoban" and "--config" not in runs[3].command("hf")
     assert len(lift.plan((case,), 2, tmp_path)) == 2
+    fresh = lift.plan((case,), 2, tmp_path, first_seed=5)
+    assert [(r.seed, r.run_dir.name) for r in fresh] == [(5, "seed5"), (6, "seed6")]
+    assert "trainer.seed=5" in fresh[0].command("hf") and lift.seeds_present(tmp_path, case) == 0
 
 
 def _processes_naming(text: str) -> list[int]:
