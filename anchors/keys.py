@@ -57,3 +57,13 @@ def hash_strings(texts: Iterable[str], *, domain: str = "") -> np.ndarray:
 def normalize_whitespace(text: str) -> str:
     """Collapse every run of whitespace to one space and strip the ends."""
     return " ".join(text.split())
+
+
+def mix64(z: np.ndarray) -> np.ndarray:
+    """splitmix64 finalizer, in place: a bijection on uint64 whose output bits all depend on all input bits."""
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(0xBF58476D1CE4E5B9)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    return z

@@ -27,24 +27,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from agent_rl.anchors.keys import normalize_whitespace, unique_inverse
 
+from agent_rl.anchors.keys import mix64, normalize_whitespace, unique_inverse
 from agent_rl.grouping import dense_ids
 
 BUCKET_WINDOW = 8
 SHINGLE_BLOCK_ROWS = 16384  # shingles per MinHash block: (rows × num_perm) uint32 stays in cache
 _POLY = np.uint64(0x100000001B3)  # FNV-64 prime: odd, so the rolling hash mixes every byte
 _U64 = np.uint64
-
-
-def _mix64(z: np.ndarray) -> np.ndarray:
-    """splitmix64 finalizer, in place: a bijection on uint64 whose output bits all depend on all input bits."""
-    z ^= z >> _U64(30)
-    z *= _U64(0xBF58476D1CE4E5B9)
-    z ^= z >> _U64(27)
-    z *= _U64(0x94D049BB133111EB)
-    z ^= z >> _U64(31)
-    return z
 
 
 def shingle_hashes(texts: Sequence[str], shingle: int) -> tuple[np.ndarray, np.ndarray]:
@@ -65,7 +55,7 @@ def shingle_hashes(texts: Sequence[str], shingle: int) -> tuple[np.ndarray, np.n
     counts = np.maximum(lengths - shingle + 1, 1)
     run_lengths = np.stack([counts, lengths + shingle - counts], axis=1).reshape(-1)
     is_shingle = np.repeat(np.tile(np.array([True, False]), len(texts)), run_lengths)[:n_windows]
-    return (_mix64(rolling[is_shingle]) >> _U64(32)).astype(np.uint32), counts
+    return (mix64(rolling[is_shingle]) >> _U64(32)).astype(np.uint32), counts
 
 
 def minhash_signatures(texts: Sequence[str], *, num_perm: int = 64, shingle: int = 4, seed: int = 0) -> np.ndarray:

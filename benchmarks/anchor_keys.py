@@ -13,11 +13,12 @@ import time
 from pathlib import Path
 
 import numpy as np  # noqa: E402
+from rich.console import Console
+from rich.progress import Progress  # noqa: E402
+
 from agent_rl.anchors import cluster_similar, compute_anchor_keys, error_fingerprint, group_steps  # noqa: E402
 from agent_rl.benchmarks.common import write_result
 from agent_rl.envs.minicode_lang import compile_program, run  # noqa: E402
-from rich.console import Console
-from rich.progress import Progress  # noqa: E402
 
 console = Console()
 

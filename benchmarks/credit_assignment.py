@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+
 from agent_rl.benchmarks.common import RESULTS_DIR, RESUME, machine_info, runs_stop_with_this_process, stopped
 from agent_rl.benchmarks.credit_testbed import select_names
 from agent_rl.benchmarks.paired_stats import mean_interval, paired_difference
@@ -271,9 +272,8 @@ MOVING_SETTINGS = ("trainer.run_dir", "policy.name_or_path")
 def settings_of(job: Job) -> dict[str, Any]:
     """Every config value the job trains with (defaults included, so a changed default shows), as
     dotted keys, the way JSON gives them back."""
-    from agent_rl.training.infra.checkpoint import flatten_config
-
     from agent_rl.config import config_to_dict
+    from agent_rl.training.infra.checkpoint import flatten_config
 
     flat = json.loads(json.dumps(flatten_config(config_to_dict(config_of(job)))))
     return {key: value for key, value in flat.items() if key not in MOVING_SETTINGS}
@@ -282,9 +282,8 @@ def settings_of(job: Job) -> dict[str, Any]:
 def added_since(key: str, recorded: dict[str, Any], wanted: dict[str, Any]) -> bool:
     """Whether ``key`` is a config key added after the run was recorded, at its default: new keys
     default to what the code did before they existed, so such a run trained with that value."""
-    from agent_rl.training.infra.checkpoint import flatten_config
-
     from agent_rl.config import Config, config_to_dict
+    from agent_rl.training.infra.checkpoint import flatten_config
 
     defaults = json.loads(json.dumps(flatten_config(config_to_dict(Config()))))
     return key not in recorded and key in defaults and wanted.get(key) == defaults[key]

@@ -17,7 +17,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from agent_rl.benchmarks.common import best_of, write_result
 from rich.console import Console
 from rich.table import Table
 
@@ -28,6 +27,7 @@ from agent_rl.advantages import (
     graph_progress,
     step_advantages,
 )
+from agent_rl.benchmarks.common import best_of, write_result
 
 GAMMA = 0.95
 STEP_WEIGHT = 1.0

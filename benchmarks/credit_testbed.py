@@ -44,7 +44,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from agent_rl.advantages import compute_advantages
 from agent_rl.anchors import compute_anchor_keys
+from agent_rl.batch import StepBatch
 from agent_rl.benchmarks.common import RESULTS_DIR, machine_info
 from agent_rl.benchmarks.paired_stats import mean_interval, paired_difference
 from agent_rl.benchmarks.testbed import corridor  # noqa: F401  (registers testbed/KeyCorridor-v0)
@@ -52,11 +55,8 @@ from agent_rl.benchmarks.testbed.exact import success_probability
 from agent_rl.benchmarks.testbed.explore import Tables, TaskGraph, build_tables, explore, replay_check
 from agent_rl.benchmarks.testbed.learner import policy_gradient_step, unit_mean_abs
 from agent_rl.benchmarks.testbed.simulator import Rollout, initial_logits, rollout
-from agent_rl.envs import EVAL_SEED_BASE
-
-from agent_rl.advantages import compute_advantages
-from agent_rl.batch import StepBatch
 from agent_rl.config import AlgorithmConfig, resolve_algorithm
+from agent_rl.envs import EVAL_SEED_BASE
 
 # ---- settings ------------------------------------------------------------------------------------
 

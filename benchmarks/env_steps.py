@@ -23,12 +23,13 @@ import time
 from pathlib import Path
 
 import gymnasium as gym
-from agent_rl.benchmarks.common import write_result
-from agent_rl.envs import oracle_actions, text_env_specs
-from agent_rl.envs.registration import NAMESPACE
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
+
+from agent_rl.benchmarks.common import write_result
+from agent_rl.envs import oracle_actions, text_env_specs
+from agent_rl.envs.registration import NAMESPACE
 
 TARGET_STEPS_PER_S = {
     f"{NAMESPACE}/Maze-v0": 10_000,

@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from agent_rl.benchmarks.common import RESULTS_DIR, write_result
 
+from agent_rl.benchmarks.common import RESULTS_DIR, write_result
 from agent_rl.presets import LOSS_PRESETS
 
 OUT_DIR = RESULTS_DIR / "gpu"
@@ -366,9 +366,10 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    from rich.console import Console
+
     from agent_rl.training.infra.distributed import bf16_supported
     from agent_rl.training.models.policy import load_policy
-    from rich.console import Console
 
     console = Console()
     device = torch.device("cpu" if args.dry_run else "cuda")

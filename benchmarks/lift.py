@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from agent_rl.benchmarks.common import RESULTS_DIR, RESUME, machine_info, runs_stop_with_this_process, stopped
 from agent_rl.benchmarks.paired_stats import PairedDifference, adjust_family, mean_interval, paired_difference
 

@@ -31,19 +31,19 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from agent_rl import envs  # noqa: F401  (registers the bundled environments)
 from agent_rl.benchmarks.common import write_result
+from agent_rl.config import load_config
 from agent_rl.training.infra import checkpoint
 from agent_rl.training.infra.resolution import resolve
 from agent_rl.training.loop.learner import Learner
 from agent_rl.training.models.policy import add_lora, load_policy
 from agent_rl.training.models.prompts import PromptFormat
 from agent_rl.training.serving.engines import write_untied_checkpoint
-from rich.console import Console
-from rich.progress import Progress
-from rich.table import Table
-
-from agent_rl import envs  # noqa: F401  (registers the bundled environments)
-from agent_rl.config import load_config
 
 RECIPE = "smollm2-maze"
 MEASURED_WITH = (

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from agent_rl.benchmarks.common import RESULTS_DIR, machine_info
 from agent_rl.benchmarks.paired_stats import mean_interval, paired_difference
 
@@ -157,10 +158,9 @@ def mean_ci(values) -> dict[str, float]:
 def warm_start(seed: int, args: argparse.Namespace) -> Path:
     """The seed's shared warm start, trained once: the main job's iteration 0 (``--warm-start
     default``) or ``WARM_START_BEFORE``'s."""
+    from agent_rl.config import DEFAULT_RECIPE, load_config
     from agent_rl.training.infra import checkpoint
     from agent_rl.training.loop.trainer import train
-
-    from agent_rl.config import DEFAULT_RECIPE, load_config
 
     run_dir = args.out / "warm_start" / f"seed{seed}"
     if not (run_dir / "DONE").exists():
@@ -185,10 +185,9 @@ def warm_start(seed: int, args: argparse.Namespace) -> Path:
 
 
 def run_arm(arm: str, seed: int, args: argparse.Namespace) -> list[dict]:
+    from agent_rl.config import DEFAULT_RECIPE, load_config
     from agent_rl.training.infra.logger import read_metrics
     from agent_rl.training.loop.trainer import train
-
-    from agent_rl.config import DEFAULT_RECIPE, load_config
 
     run_dir = args.out / "runs" / arm / f"seed{seed}"
     if not (run_dir / "DONE").exists():

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import torch
+
 from agent_rl.benchmarks.common import RESULTS_DIR, machine_info, write_result
 
 OUT_DIR = RESULTS_DIR / "precision_parity"
@@ -34,10 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=OUT_DIR, help=f"results directory (default {OUT_DIR})")
     args = parser.parse_args(argv)
+    from rich.console import Console
+
     from agent_rl.benchmarks.gpu_check import parity
     from agent_rl.training.infra.distributed import bf16_supported
     from agent_rl.training.models.policy import load_policy
-    from rich.console import Console
 
     console = Console()
     # Without AVX512-BF16 or AMX torch emulates bf16: slower, with the same rounding, so the gaps hold.

@@ -30,19 +30,19 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import torch
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from agent_rl import envs  # noqa: F401  (registers the bundled environments)
 from agent_rl.benchmarks.common import best_of, write_result
+from agent_rl.config import ACTION_PARSERS, RolloutConfig
 from agent_rl.training.infra.resolution import vllm_available
 from agent_rl.training.loop.rollout import collect_rollouts
 from agent_rl.training.models.policy import load_policy
 from agent_rl.training.models.prompts import PromptFormat
 from agent_rl.training.serving.engines import SamplingParams, make_engine
 from agent_rl.training.serving.envpool import RegisteredEnv
-from rich.console import Console
-from rich.progress import Progress
-from rich.table import Table
-
-from agent_rl import envs  # noqa: F401  (registers the bundled environments)
-from agent_rl.config import ACTION_PARSERS, RolloutConfig
 
 ENV_ID = "agent_rl/Maze-v0"
 GROUP_SIZE = 8

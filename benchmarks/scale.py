@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from agent_rl.benchmarks.common import write_result
 
 ENVS = {
@@ -44,11 +45,11 @@ class FirstAdmissibleEngine:
 
 def rollout_throughput(repeats: int) -> dict:
     import ray
+
+    from agent_rl.config import RolloutConfig
     from agent_rl.training.loop.rollout import collect_rollouts
     from agent_rl.training.models.policy import load_policy
     from agent_rl.training.serving.envpool import RayEnvPool, RegisteredEnv
-
-    from agent_rl.config import RolloutConfig
 
     _, tokenizer = load_policy("embedded")
     engine = FirstAdmissibleEngine(tokenizer)
@@ -85,11 +86,11 @@ def rollout_throughput(repeats: int) -> dict:
 def ddp_worker(out_path: str, repeats: int) -> None:
     """One learner process: time accumulate_policy_gradient + all-reduce on a fixed minibatch."""
     import torch
+
+    from agent_rl.losses import LOSS_PRESETS
     from agent_rl.training.infra.distributed import all_reduce_gradients, init_distributed
     from agent_rl.training.loop.learner import accumulate_policy_gradient
     from agent_rl.training.models.policy import load_policy
-
-    from agent_rl.losses import LOSS_PRESETS
 
     torch.set_num_threads(1)
     model, _ = load_policy("embedded")

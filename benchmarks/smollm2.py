@@ -20,6 +20,8 @@ import tempfile
 import time
 
 import torch
+from rich.console import Console
+
 from agent_rl.benchmarks.common import write_result
 from agent_rl.training.infra.resolution import vllm_available
 from agent_rl.training.loop.learner import sequence_logprobs
@@ -27,7 +29,6 @@ from agent_rl.training.models.gguf import file_sha256, gguf_policy_dir
 from agent_rl.training.models.known import model_file
 from agent_rl.training.models.policy import load_policy
 from agent_rl.training.serving.engines import HFEngine, SamplingParams, make_engine
-from rich.console import Console
 
 NAME = "smollm2-135m-instruct"
 QUESTIONS = [

@@ -29,13 +29,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from rich.console import Console
+
 from agent_rl.benchmarks.common import RESULTS_DIR, best_of, write_result
+from agent_rl.config import load_config
 from agent_rl.training.infra.logger import read_metrics
 from agent_rl.training.loop.trainer import train
 from agent_rl.training.models.policy import load_policy
-from rich.console import Console
-
-from agent_rl.config import load_config
 
 RECIPE = "smollm2-maze"
 PHASES = ("rollout", "advantage", "update", "sync", "eval")

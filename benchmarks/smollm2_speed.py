@@ -37,8 +37,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from agent_rl.benchmarks.common import RESULTS_DIR, machine_info, runs_stop_with_this_process, write_result
 from rich.console import Console
+
+from agent_rl.benchmarks.common import RESULTS_DIR, machine_info, runs_stop_with_this_process, write_result
 
 RECIPE = "smollm2-maze"
 MEASURED_WITH = ("rollout.history_turns=1",)

@@ -17,7 +17,10 @@ import argparse
 import time
 from pathlib import Path
 
+from rich.console import Console
+
 from agent_rl.benchmarks.common import write_result
+from agent_rl.config import load_config
 from agent_rl.training.infra.resolution import resolve
 from agent_rl.training.loop.evaluation import eval_seeds, evaluate
 from agent_rl.training.loop.rollout import Episode, PlayStats, PolicyActor, sampling_params
@@ -25,9 +28,6 @@ from agent_rl.training.models.policy import load_policy
 from agent_rl.training.models.prompts import PromptFormat
 from agent_rl.training.serving.engines import engine_from_config
 from agent_rl.training.serving.envpool import env_factory
-from rich.console import Console
-
-from agent_rl.config import load_config
 
 SMALL_MAZE = "{n_rooms: 2, n_locked_doors: 0, dead_ends: 0, extra_edges: 0, n_distractors: 0, max_steps: 10}"
 MAIN_JOB_MAZE = "{n_rooms: 4, n_locked_doors: 1, dead_ends: 1, extra_edges: 0, n_distractors: 0, max_steps: 20}"

@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from agent_rl.benchmarks.common import RESULTS_DIR, write_result
-from agent_rl.benchmarks.paired_stats import student_t_quantile
-from agent_rl.training.loop.trainer import train
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from agent_rl.benchmarks.common import RESULTS_DIR, write_result
+from agent_rl.benchmarks.paired_stats import student_t_quantile
 from agent_rl.config import DEFAULT_RECIPE, load_config
+from agent_rl.training.loop.trainer import train
 
 SOAK_OVERRIDES = [
     "rollout.n_groups=2",

@@ -51,10 +51,9 @@ def eval_curve(records: list[dict]) -> list[dict[str, float | None]]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
+    from agent_rl.config import config_to_dict, load_default_config
     from agent_rl.training.infra.logger import read_metrics
     from agent_rl.training.loop.trainer import train
-
-    from agent_rl.config import config_to_dict, load_default_config
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--name", default="train_maze", help="result file under benchmarks/results/, without .json")

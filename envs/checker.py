@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import gymnasium as gym
+from gymnasium.utils.env_checker import check_env
+
 from agent_rl.envs.base import normalize_action
 from agent_rl.envs.oracle import oracle_actions
-from gymnasium.utils.env_checker import check_env
 
 HOSTILE_ACTIONS: tuple[Any, ...] = (
     "",

@@ -7,6 +7,10 @@ from typing import Any
 
 import gymnasium as gym
 import yaml
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
 from agent_rl.envs.registration import (
     EnvUnavailableError,
     import_modules,
@@ -14,9 +18,6 @@ from agent_rl.envs.registration import (
     text_env_specs,
     unavailable_envs,
 )
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 QUIT_COMMAND = ":quit"
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import networkx as nx
+
 from agent_rl.envs.base import TextEnv, Transition
 
 DIRECTIONS = ("north", "east", "south", "west")

@@ -14,6 +14,7 @@ from math import factorial
 from typing import Any, Callable
 
 import numpy as np
+
 from agent_rl.envs.base import TextEnv, Transition
 from agent_rl.envs.minicode_lang import REFERENCE, MiniCodeError, compile_program, run
 

@@ -16,9 +16,9 @@ from importlib.metadata import entry_points
 from typing import Any, Callable
 
 import gymnasium as gym
-from agent_rl.envs.base import EnvUnavailableError  # noqa: F401  (raised by the suites' environments, exported here)
 
 from agent_rl.batch import KEY_KINDS
+from agent_rl.envs.base import EnvUnavailableError  # noqa: F401  (raised by the suites' environments, exported here)
 
 NAMESPACE = "agent_rl"
 

@@ -25,6 +25,7 @@ from hashlib import blake2b
 from typing import Any, Callable, Iterator
 
 import gymnasium as gym
+
 from agent_rl.envs.base import EnvUnavailableError, TextEnv, Transition
 
 NAMESPACE = "textarena"

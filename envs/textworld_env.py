@@ -28,11 +28,12 @@ from typing import Any
 import jericho
 import platformdirs
 import textworld
-from agent_rl.envs.base import TextEnv, Transition
 from filelock import FileLock
 from textworld.challenges import coin_collector, treasure_hunter
 from textworld.generator import QuestGenerationError, compile_game, make_game
 from textworld.generator.game import GameOptions
+
+from agent_rl.envs.base import TextEnv, Transition
 
 KINDS = ("coin_collector", "treasure_hunter", "custom")
 CUSTOM_LIMITS = {"world_size": (1, 100, 3), "nb_objects": (0, 100, 3), "quest_length": (1, 20, 3)}

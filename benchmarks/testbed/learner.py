@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+
 from agent_rl.benchmarks.testbed.simulator import softmax
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from agent_rl.benchmarks.testbed.explore import Tables
 
 

@@ -58,7 +58,6 @@ def test_the_train_command_leaves_the_sigterm_handler_as_it_found_it():
 
 def test_train_without_a_config_runs_the_main_job_unless_another_environment_is_named(monkeypatch, tmp_path):
     import agent_rl.training.loop.trainer
-
     from agent_rl.config import config_to_dict, load_config
 
     trained = []

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import gymnasium as gym
 import pytest
-from agent_rl.anchors import compute_anchor_keys, error_fingerprint
-from agent_rl.envs.minicode_lang import compile_program, run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent_rl import envs  # noqa: F401  (registers agent_rl/MiniCode-v0)
+from agent_rl.anchors import compute_anchor_keys, error_fingerprint
+from agent_rl.envs.minicode_lang import compile_program, run
 
 
 def py_traceback(path: str, line: int, bad: str, depth_calls: str = "") -> str:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from agent_rl.anchors import GroupStats, compute_anchor_keys, group_steps
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from agent_rl.anchors import GroupStats, compute_anchor_keys, group_steps
 
 
 def reference_groups(group_ids, anchor_keys) -> list[frozenset[int]]:

@@ -8,11 +8,19 @@ import sys
 
 import numpy as np
 import pytest
-from agent_rl.anchors import KEY_KINDS, compute_anchor_keys, error_fingerprint, hash_strings, stable_hash64
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent_rl import anchors
+from agent_rl.anchors import (
+    KEY_KINDS,
+    batch_anchor_keys,
+    compute_anchor_keys,
+    context_keys,
+    error_fingerprint,
+    hash_strings,
+    stable_hash64,
+)
 
 # blake2b(digest_size=8, person=domain), little-endian; pinned so a change of hash breaks loudly.
 PINNED = [
@@ -252,3 +260,24 @@ def test_context_keys_equal_iff_shown_histories_equal(rows, history_turns):
     for i in range(len(rows)):
         for j in range(len(rows)):
             assert (keys[i] == keys[j]) == (shown[i] == shown[j])
+
+
+def test_batch_keys_in_context_follow_the_prompt_history():
+    from agent_rl.batch import StepBatch
+
+    # One trajectory revisits state s0 after different actions; a prompt with one history turn
+    # tells the two visits apart, a prompt with none does not.
+    batch = StepBatch.for_credit([0, 0, 0, 0], [0, 0, 0, 0], [0.0, 0.0, 0.0, 1.0])
+    batch.anchor_state = ["s0", "s1", "s0", "s0"]
+    batch.observation = ["o0", "o1", "o0", "o0"]
+    batch.action = ["go north", "go south", "look", "take key"]
+    keys = batch_anchor_keys(batch, "context", history_turns=1, history_observations=True)
+    assert keys[2] != keys[3] and len(set(keys.tolist())) == 4
+    np.testing.assert_array_equal(
+        batch_anchor_keys(batch, "context", history_turns=0, history_observations=True),
+        batch_anchor_keys(batch, "state", history_turns=0, history_observations=True),
+    )
+    # Without observations in the prompt, an earlier turn is keyed by its state instead.
+    by_state = batch_anchor_keys(batch, "context", history_turns=1, history_observations=False)
+    np.testing.assert_array_equal(by_state, context_keys(batch.anchor_state, batch.action, batch.traj_id, 1))
+    assert not np.array_equal(by_state, keys)

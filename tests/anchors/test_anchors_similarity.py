@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from agent_rl.anchors import cluster_similar, minhash_signatures
-from agent_rl.anchors.similarity import lsh_bands
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from agent_rl.anchors import cluster_similar, minhash_signatures
+from agent_rl.anchors.similarity import lsh_bands
 
 ROOMS = [
     "You are in a damp cellar. Barrels line the north wall and a ladder leads up.",

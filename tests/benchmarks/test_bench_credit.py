@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from agent_rl.benchmarks import credit_assignment as bench
 
+from agent_rl.benchmarks import credit_assignment as bench
 from agent_rl.cli import main as cli_main
 
 

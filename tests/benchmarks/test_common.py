@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+
 from agent_rl.benchmarks.common import runs_stop_with_this_process, stopped
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]

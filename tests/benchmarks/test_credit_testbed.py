@@ -13,6 +13,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
+
 from agent_rl.benchmarks import credit_testbed as tb
 from agent_rl.benchmarks.testbed import exact, learner, simulator
 from agent_rl.benchmarks.testbed import explore as exploration

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+
 from agent_rl.benchmarks import gpu_check
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import pytest
+
 from agent_rl.benchmarks import lift
 from agent_rl.benchmarks.lift_envs import DIALS, DOOR_OF_SIGN, DOORS, TURN_OF_SYMBOL
 from agent_rl.envs import check_text_env

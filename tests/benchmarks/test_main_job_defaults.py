@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from agent_rl.benchmarks.main_job_defaults import auc, main, summarize
 
 
@@ -156,7 +157,6 @@ def test_learner_arms_name_every_learner_setting_they_depend_on(arm):
     """A learner arm resolves to the same learner whatever the embedded defaults are: its result
     reproduces after a default changes."""
     from agent_rl.benchmarks.main_job_defaults import ARMS
-
     from agent_rl.config import load_config, resolve_algorithm
 
     def learner(config):

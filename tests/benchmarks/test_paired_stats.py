@@ -8,6 +8,9 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from agent_rl.benchmarks.paired_stats import (
     adjust_family,
     holm_adjusted,
@@ -18,8 +21,6 @@ from agent_rl.benchmarks.paired_stats import (
     student_t_quantile,
     wilcoxon_signed_rank,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 # Two-sided 95% (p = 0.975) and 99% (p = 0.995) quantiles of Student's t from the standard tables.
 T_TABLE = [

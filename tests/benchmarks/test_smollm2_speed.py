@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from agent_rl.benchmarks import smollm2_speed
 from agent_rl.training.infra.distributed import bf16_supported
 

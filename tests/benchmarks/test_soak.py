@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from agent_rl.benchmarks.soak import growth_per_100, process_sample, soak, verdict
 from rich.console import Console
+
+from agent_rl.benchmarks.soak import growth_per_100, process_sample, soak, verdict
 
 
 def test_growth_is_the_least_squares_slope_per_100_iterations_with_its_t_interval():

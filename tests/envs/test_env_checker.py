@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 import pytest
+
 from agent_rl.envs import TextEnv, TextEnvCheckError, Transition, check_text_env
 from agent_rl.envs.checker import HOSTILE_ACTIONS
 

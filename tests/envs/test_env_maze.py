@@ -5,11 +5,12 @@ from __future__ import annotations
 import copy
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from agent_rl.envs import check_text_env, oracle_actions
 from agent_rl.envs.base import clean_observation
 from agent_rl.envs.maze import DIRECTIONS, HELD, OPPOSITE, MazeEnv
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 SETTINGS = [
     dict(n_rooms=4, n_locked_doors=1, extra_edges=0, dead_ends=1, n_distractors=0),

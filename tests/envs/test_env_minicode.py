@@ -8,6 +8,10 @@ import re
 import gymnasium as gym
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent_rl import envs
 from agent_rl.envs import check_text_env, oracle_actions
 from agent_rl.envs.base import clean_observation
 from agent_rl.envs.minicode import TEMPLATES, MiniCodeEnv, flawed_draft
@@ -20,10 +24,6 @@ from agent_rl.envs.minicode_lang import (
     compile_program,
     run,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from agent_rl import envs
 
 
 def execute(source: str, inputs: tuple[int, ...] = (), names: tuple[str, ...] = ()) -> list:

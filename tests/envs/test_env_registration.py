@@ -11,11 +11,11 @@ from pathlib import Path
 
 import gymnasium as gym
 import pytest
-from agent_rl.envs.cli import parse_env_kwargs
-from agent_rl.envs.maze import MazeEnv
 
 from agent_rl import envs
 from agent_rl.cli import main
+from agent_rl.envs.cli import parse_env_kwargs
+from agent_rl.envs.maze import MazeEnv
 
 TESTS_DIR = Path(__file__).resolve().parents[1]  # tests/, which holds user_env_example.py
 BUNDLED = ["agent_rl/Maze-v0", "agent_rl/Sokoban-v0", "agent_rl/TextWorld-v0", "agent_rl/MiniCode-v0"]

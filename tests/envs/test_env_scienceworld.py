@@ -10,6 +10,7 @@ import shutil
 
 import gymnasium as gym
 import pytest
+
 from agent_rl.envs import EVAL_SEED_BASE, EnvUnavailableError, check_text_env, oracle_actions
 from agent_rl.envs.checker import HOSTILE_ACTIONS
 
@@ -267,11 +268,11 @@ def test_close_stops_the_java_process():
 @needs_java
 @pytest.mark.slow
 def test_one_training_iteration_through_the_cli(tmp_path):
-    from agent_rl.training.infra.logger import read_metrics
     from tiny_train import TINY_TRAIN  # tests/envs
 
     from agent_rl.cli import main
     from agent_rl.config import load_config
+    from agent_rl.training.infra.logger import read_metrics
 
     run_dir = tmp_path / "scienceworld"
     overrides = [*TINY_TRAIN, "rollout.n_groups=1", "sft.episodes=1"]  # every environment is a Java process

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import copy
 
-import agent_rl.envs.sokoban as sokoban
 import pytest
-from agent_rl.envs import check_text_env, oracle_actions
-from agent_rl.envs.sokoban import UNREACHABLE, SokobanEnv, SokobanLevel, generate_level, push_distances, solve
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+import agent_rl.envs.sokoban as sokoban
+from agent_rl.envs import check_text_env, oracle_actions
+from agent_rl.envs.sokoban import UNREACHABLE, SokobanEnv, SokobanLevel, generate_level, push_distances, solve
 
 SETTINGS = [
     dict(width=6, height=6, n_boxes=1, reverse_steps=30),

@@ -9,12 +9,12 @@ import shutil
 import subprocess
 import sys
 
-import agent_rl.envs.registration as registration
 import gymnasium as gym
 import pytest
-from agent_rl.envs import text_env_specs, unavailable_envs
 
+import agent_rl.envs.registration as registration
 from agent_rl.cli import main
+from agent_rl.envs import text_env_specs, unavailable_envs
 
 pytest.importorskip("textarena")
 pytest.importorskip("scienceworld")

@@ -9,6 +9,7 @@ import sys
 
 import gymnasium as gym
 import pytest
+
 from agent_rl.envs import (
     EVAL_SEED_BASE,
     EnvUnavailableError,
@@ -254,11 +255,11 @@ def test_sokoban_box_on_goal_stays_in_the_charset():
 
 
 def test_one_training_iteration_through_the_cli(tmp_path):
-    from agent_rl.training.infra.logger import read_metrics
     from tiny_train import TINY_TRAIN  # tests/envs
 
     from agent_rl.cli import main
     from agent_rl.config import load_config
+    from agent_rl.training.infra.logger import read_metrics
 
     run_dir = tmp_path / "hanoi"
     assert main(["train", "env.id=textarena/TowerOfHanoi-v0", f"trainer.run_dir={run_dir}", *TINY_TRAIN]) == 0

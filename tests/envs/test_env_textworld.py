@@ -9,10 +9,13 @@ import random
 import shutil
 from dataclasses import replace
 
-import agent_rl.envs.textworld_env as tw_env
 import gymnasium as gym
 import pytest
 import textworld
+from textworld.generator import QuestGenerationError
+from textworld.generator.game import GameOptions
+
+import agent_rl.envs.textworld_env as tw_env
 from agent_rl.envs import EVAL_SEED_BASE, check_text_env, oracle_actions
 from agent_rl.envs.textworld_env import (
     GENERATION_TRIES,
@@ -23,8 +26,6 @@ from agent_rl.envs.textworld_env import (
     ensure_game,
     game_identity,
 )
-from textworld.generator import QuestGenerationError
-from textworld.generator.game import GameOptions
 
 # Small games (1-3 rooms): each takes about 1-2 s to generate, once per test session.
 COIN = dict(kind="coin_collector", level=2, n_games=2)

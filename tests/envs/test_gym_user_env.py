@@ -13,16 +13,16 @@ import string
 import gymnasium as gym
 import pytest
 import yaml
-from agent_rl.envs import auto_sft_mode, check_text_env
-from agent_rl.training.infra.logger import read_metrics
-from agent_rl.training.infra.resolution import resolve
-from agent_rl.training.loop.rollout import Move, PlayStats, play_episodes
-from agent_rl.training.serving.envpool import LocalEnvPool, env_factory
 from gymnasium import spaces
 from tiny_train import TINY_TRAIN  # tests/envs
 
 from agent_rl.cli import main
 from agent_rl.config import Config, ConfigError, load_config
+from agent_rl.envs import auto_sft_mode, check_text_env
+from agent_rl.training.infra.logger import read_metrics
+from agent_rl.training.infra.resolution import resolve
+from agent_rl.training.loop.rollout import Move, PlayStats, play_episodes
+from agent_rl.training.serving.envpool import LocalEnvPool, env_factory
 
 LOCK_ID = f"{__name__}:userpkg/Lock-v0"
 """Gymnasium imports this module (which registers the env), then makes it."""

@@ -12,10 +12,11 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-import agent_rl.envs.base
 import gymnasium as gym
 import networkx as nx
 import pytest
+
+import agent_rl.envs.base
 from agent_rl.envs import EVAL_SEED_BASE, TextEnv, Transition, check_text_env, instance_split, seed_split
 from agent_rl.envs.maze import MazeEnv, generate_world
 from agent_rl.envs.minicode import MiniCodeEnv

@@ -8,12 +8,12 @@ import sys
 
 import numpy as np
 import torch
-from agent_rl.training.infra.distributed import all_reduce_gradients, broadcast_ragged, init_distributed
-from agent_rl.training.loop.learner import accumulate_policy_gradient
-from agent_rl.training.models.policy import load_policy
 from safetensors.torch import save_file
 
 from agent_rl.losses import LOSS_PRESETS
+from agent_rl.training.infra.distributed import all_reduce_gradients, broadcast_ragged, init_distributed
+from agent_rl.training.loop.learner import accumulate_policy_gradient
+from agent_rl.training.models.policy import load_policy
 
 
 def fixed_minibatch(vocab_size: int, rows: int = 10, seed: int = 0):

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from agent_rl.training.infra import checkpoint as ckpt
 
 

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from agent_rl.training.models.policy import load_policy
 from ddp_worker import fixed_minibatch, gradients  # beside this file, on pytest's path
 from safetensors.torch import load_file
+
+from agent_rl.training.models.policy import load_policy
 
 
 def _free_port() -> int:
@@ -77,8 +78,9 @@ def test_two_learners_train_like_one_and_resume(tmp_path):
     """Rank 0 collects the same rollouts as a single process; the summed gradients are the same, so
     after 2 iterations the weights agree; a 2-process run started and continued with --resume auto
     ends the same."""
-    from agent_rl.training.infra.logger import read_metrics
     from test_trainer import tiny_overrides
+
+    from agent_rl.training.infra.logger import read_metrics
 
     # Both evaluate after every iteration: an evaluation draws engine calls, which seed later sampling.
     single, double = tmp_path / "single", tmp_path / "double"

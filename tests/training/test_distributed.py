@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+
 from agent_rl.training.loop.learner import sequence_logprobs
 from agent_rl.training.models.policy import load_policy
 from agent_rl.training.serving.engines import HFEngine, SamplingParams
@@ -66,13 +67,13 @@ def test_ray_engine_rejects_bad_arguments(ray_local):
 def test_trainer_on_ray_env_actors_matches_the_local_trainer(ray_local, tmp_path):
     """Ray environment actors change where environments run, not what they do: same rollouts, same
     updates, same weights after 2 iterations."""
-    from agent_rl.training.infra import checkpoint
-    from agent_rl.training.infra.logger import read_metrics
-    from agent_rl.training.loop.trainer import train
     from safetensors.torch import load_file
     from test_trainer import tiny_overrides  # tests/training/ is on the path (pytest's rootdir-relative import)
 
     from agent_rl.config import load_config
+    from agent_rl.training.infra import checkpoint
+    from agent_rl.training.infra.logger import read_metrics
+    from agent_rl.training.loop.trainer import train
 
     runs = {}
     for name, extra in (("local", ()), ("ray", ("scale.env_actors=2",)), ("replicas", ("scale.engine_replicas=2",))):

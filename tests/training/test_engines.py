@@ -9,6 +9,7 @@ import importlib.util
 import numpy as np
 import pytest
 import torch
+
 from agent_rl.training.loop.learner import sequence_logprobs
 from agent_rl.training.serving.engines import HFEngine, SamplingParams, make_engine
 

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from rich.console import Console
+
+from agent_rl.config import ConfigError, RolloutConfig, load_config
 from agent_rl.training.infra.logger import read_metrics
 from agent_rl.training.loop.sft import collect_demonstrations
 from agent_rl.training.loop.trainer import EnvironmentFailures, train
 from agent_rl.training.models.policy import load_tokenizer, policy_dir
-from rich.console import Console
-
-from agent_rl.config import ConfigError, RolloutConfig, load_config
 
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))

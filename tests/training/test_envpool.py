@@ -9,11 +9,11 @@ import time
 import gymnasium as gym
 import numpy as np
 import pytest
+
+from agent_rl.config import RolloutConfig
 from agent_rl.envs import register_text_env
 from agent_rl.training.loop.rollout import collect_rollouts
 from agent_rl.training.serving.envpool import LocalEnvPool, RayEnvPool, RegisteredEnv, failure_kind
-
-from agent_rl.config import RolloutConfig
 
 
 class FlakyEnv(gym.Env):
@@ -181,10 +181,9 @@ register_text_env("test_pool/Counted-v0", CountedEnv, description="Counts its bu
 def test_the_config_check_the_sft_choice_and_the_probe_build_one_environment():
     import pickle
 
+    from agent_rl.config import load_config
     from agent_rl.training.infra.resolution import resolve
     from agent_rl.training.serving.envpool import env_factory
-
-    from agent_rl.config import load_config
 
     config = load_config(overrides=["env=test_pool/Counted-v0", "sft.mode=auto", "engine=hf"])
     CountedEnv.built = 0

@@ -16,13 +16,14 @@ import torch
 pytest.importorskip("gguf", reason="the gguf package (dev extra) writes the test files")
 pytest.importorskip("accelerate", reason="transformers needs accelerate (dev extra) to load GGUF files")
 
-import agent_rl.training.models.gguf as gguf_module  # noqa: E402
 import gguf  # noqa: E402
+from test_engines import max_logprob_gap, perturbed  # noqa: E402
+
+import agent_rl.training.models.gguf as gguf_module  # noqa: E402
 from agent_rl.training.models.embedded import train_tokenizer  # noqa: E402
 from agent_rl.training.models.gguf import GGUF_RECORD, GGUFError, gguf_policy_dir  # noqa: E402
 from agent_rl.training.models.policy import load_policy, policy_dir  # noqa: E402
 from agent_rl.training.serving.engines import HFEngine, SamplingParams, make_engine  # noqa: E402
-from test_engines import max_logprob_gap, perturbed  # noqa: E402
 
 TOLERANCE = 1e-3  # max abs logprob difference, float32
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

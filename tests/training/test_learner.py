@@ -9,6 +9,12 @@ import copy
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rich.progress import Progress
+
+from agent_rl.batch import StepBatch
+from agent_rl.config import load_config
 from agent_rl.training.infra.resolution import resolve
 from agent_rl.training.loop.learner import (
     Learner,
@@ -22,12 +28,6 @@ from agent_rl.training.loop.learner import (
     step_scale,
     warmup_lr,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from rich.progress import Progress
-
-from agent_rl.batch import StepBatch
-from agent_rl.config import load_config
 
 # ---- teacher-forced logprobs (response_logits, sequence_logprobs) --------------------------------------------------
 

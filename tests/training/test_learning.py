@@ -8,10 +8,10 @@ import string
 
 import gymnasium as gym
 import pytest
-from agent_rl.training.infra.logger import read_metrics
-from agent_rl.training.loop.trainer import train
 
 from agent_rl.config import load_config
+from agent_rl.training.infra.logger import read_metrics
+from agent_rl.training.loop.trainer import train
 
 PATH_OF_SIGN = {"red": "left", "blue": "right", "gold": "right", "moon": "left"}
 

@@ -6,8 +6,9 @@ import json
 import math
 
 import pytest
-from agent_rl.training.infra.logger import METRICS_FILE, RunLogger, iteration_table, read_metrics
 from rich.console import Console
+
+from agent_rl.training.infra.logger import METRICS_FILE, RunLogger, iteration_table, read_metrics
 
 
 def test_metrics_jsonl_holds_one_sorted_record_per_iteration_and_non_finite_values_as_null(tmp_path):

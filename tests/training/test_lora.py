@@ -13,11 +13,10 @@ import torch
 
 pytest.importorskip("peft", reason="peft (the lora extra) is not installed")
 
+from agent_rl.config import ConfigError, load_config  # noqa: E402
 from agent_rl.training.infra import checkpoint  # noqa: E402
 from agent_rl.training.models.policy import ADAPTER_CONFIG, add_lora, is_lora, load_policy, serving_state_dict  # noqa: E402
 from agent_rl.training.serving.engines import write_untied_checkpoint  # noqa: E402
-
-from agent_rl.config import ConfigError, load_config  # noqa: E402
 
 PROMPT = [[5, 17, 42, 9, 33, 8, 71]]
 
@@ -144,8 +143,9 @@ def test_mismatched_checkpoints_and_settings_are_clear_errors(policy, tmp_path):
 
 @pytest.mark.slow
 def test_a_lora_run_changes_only_the_adapted_weights(tmp_path, policy):
-    from agent_rl.training.loop.trainer import train
     from test_trainer import tiny_overrides  # tests/training/ is on the path
+
+    from agent_rl.training.loop.trainer import train
 
     model, _ = policy
     run_dir = tmp_path / "run"

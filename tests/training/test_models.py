@@ -14,9 +14,11 @@ import sys
 import tomllib
 from pathlib import Path
 
-import agent_rl.training.models.known as models
 import pytest
 import torch
+
+import agent_rl.training.models.known as models
+from agent_rl.cli import main
 from agent_rl.training.models.known import (
     GGUF_REQUIREMENTS,
     KNOWN_MODELS,
@@ -24,8 +26,6 @@ from agent_rl.training.models.known import (
     install_model,
     installed_file,
 )
-
-from agent_rl.cli import main
 
 SMOLLM2 = "smollm2-135m-instruct"
 ROOT = Path(__file__).resolve().parents[2]
@@ -229,8 +229,9 @@ def test_smollm2_greedy_answer(smollm2):
 @requires_smollm2
 @pytest.mark.slow
 def test_smollm2_hf_logprobs_match_the_learner(smollm2):
-    from agent_rl.training.serving.engines import HFEngine, SamplingParams
     from test_engines import max_logprob_gap
+
+    from agent_rl.training.serving.engines import HFEngine, SamplingParams
 
     model, tokenizer = smollm2
     prompts = chat_prompts(tokenizer, ["Name a color.", "You are in the hall. Exits: north, east. What do you do?"])
@@ -245,10 +246,10 @@ def test_smollm2_policy_gradient_step_moves_logprobs_the_advantages_way(smollm2)
     import copy
 
     import numpy as np
-    from agent_rl.training.loop.learner import accumulate_policy_gradient, sequence_logprobs
-    from agent_rl.training.serving.engines import HFEngine, SamplingParams
 
     from agent_rl.losses import LOSS_PRESETS
+    from agent_rl.training.loop.learner import accumulate_policy_gradient, sequence_logprobs
+    from agent_rl.training.serving.engines import HFEngine, SamplingParams
 
     model, tokenizer = smollm2
     learner = copy.deepcopy(model).train()
@@ -290,11 +291,10 @@ def test_smollm2_policy_gradient_step_moves_logprobs_the_advantages_way(smollm2)
 @pytest.mark.slow
 @pytest.mark.parametrize("weights", ["full", "lora"])
 def test_smollm2_trains_one_iteration(smollm2, tmp_path, weights):
+    from agent_rl.config import load_config
     from agent_rl.training.infra import checkpoint
     from agent_rl.training.infra.logger import read_metrics
     from agent_rl.training.loop.trainer import train
-
-    from agent_rl.config import load_config
 
     # The bundled recipe, shrunk: one warm-start step, one iteration of two 2-turn episodes; in
     # float32, where engine and learner logprobs agree exactly (bf16 rounds them apart).
@@ -342,10 +342,9 @@ def test_smollm2_trains_one_iteration(smollm2, tmp_path, weights):
 @requires_smollm2
 @pytest.mark.slow
 def test_smollm2_sokoban_recipe_trains_one_iteration_from_zero_shot(smollm2, tmp_path):
+    from agent_rl.config import load_config
     from agent_rl.training.infra.logger import read_metrics
     from agent_rl.training.loop.trainer import train
-
-    from agent_rl.config import load_config
 
     config = load_config(
         "smollm2-sokoban",

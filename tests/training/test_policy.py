@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import threading
 
-import agent_rl.training.models.embedded as embedded_module
 import pytest
 import torch
+
+import agent_rl.training.models.embedded as embedded_module
 from agent_rl.training.models.embedded import CHAT_TEMPLATE, train_tokenizer
 from agent_rl.training.models.policy import PLAIN_CHAT_TEMPLATE, load_policy, policy_dir
 

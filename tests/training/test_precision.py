@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from agent_rl.config import ConfigError, load_config
 from agent_rl.training.infra import distributed
 from agent_rl.training.infra.distributed import bf16_supported, check_precision, forward_precision
 from agent_rl.training.loop.learner import accumulate_policy_gradient, sequence_logprobs
 from agent_rl.training.serving.engines import HFEngine, SamplingParams
-
-from agent_rl.config import ConfigError, load_config
 
 CPU = torch.device("cpu")
 BF16_TOLERANCE = 0.05
@@ -168,10 +168,11 @@ def test_auto_precision_is_bf16_where_the_device_runs_it_and_the_run_records_the
     import io
 
     import yaml
+    from rich.console import Console
+
     from agent_rl.training.infra.resolution import resolve
     from agent_rl.training.loop.trainer import Trainer
     from agent_rl.training.serving.envpool import env_factory
-    from rich.console import Console
 
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent_rl.config import ACTION_PARSERS, RolloutConfig, check_rollout
 from agent_rl.training.models.embedded import train_tokenizer
 from agent_rl.training.models.prompts import (
     PARSERS,
@@ -12,10 +16,6 @@ from agent_rl.training.models.prompts import (
     Turn,
     template_corpus,
 )
-from hypothesis import given
-from hypothesis import strategies as st
-
-from agent_rl.config import ACTION_PARSERS, RolloutConfig, check_rollout
 
 
 def build_messages(task, history, observation, admissible, **fields):

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import agent_rl.training.infra.resolution as resolution
-from agent_rl.training.infra.resolution import resolve
-
 from agent_rl.config import Config, config_to_dict, load_config, save_config
+from agent_rl.training.infra.resolution import resolve
 
 
 def test_resolve_makes_every_open_choice_once(monkeypatch):

@@ -6,15 +6,15 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from gymnasium import spaces
+
+from agent_rl.config import RolloutConfig
 from agent_rl.envs import register_text_env
 from agent_rl.training.loop.evaluation import evaluate
 from agent_rl.training.loop.learner import sequence_logprobs
 from agent_rl.training.loop.rollout import collect_rollouts, overlong_shaping
 from agent_rl.training.serving.engines import Completion, HFEngine, SamplingParams
 from agent_rl.training.serving.envpool import RegisteredEnv
-from gymnasium import spaces
-
-from agent_rl.config import RolloutConfig
 
 
 def one_round(**kwargs) -> RolloutConfig:
@@ -396,21 +396,3 @@ def test_rollouts_take_any_environment_factory_or_a_pool(policy):
             pool, ScriptedEngine(tokenizer), tokenizer, one_round(n_groups=3, group_size=2), np.random.default_rng(3)
         )
     pool.close()
-
-
-def test_context_anchor_keys_follow_the_prompt_history():
-    from agent_rl.training.loop.rollout import anchor_keys
-
-    from agent_rl.batch import StepBatch
-
-    # One trajectory revisits state s0 after different actions; a prompt with one history turn
-    # tells the two visits apart, a prompt with none does not.
-    batch = StepBatch.for_credit([0, 0, 0, 0], [0, 0, 0, 0], [0.0, 0.0, 0.0, 1.0])
-    batch.anchor_state = ["s0", "s1", "s0", "s0"]
-    batch.observation = ["o0", "o1", "o0", "o0"]
-    batch.action = ["go north", "go south", "look", "take key"]
-    one = RolloutConfig(history_turns=1)
-    keys = anchor_keys(batch, "context", one)
-    assert keys[2] != keys[3] and len(set(keys.tolist())) == 4
-    none = RolloutConfig(history_turns=0)
-    np.testing.assert_array_equal(anchor_keys(batch, "context", none), anchor_keys(batch, "state", none))

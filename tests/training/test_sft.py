@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import torch
 import user_env_example  # noqa: F401  (registers usertest/Counter-v0)
+
+from agent_rl.config import RolloutConfig
 from agent_rl.envs import oracle_actions
 from agent_rl.training.loop.sft import (
     Demonstrations,
@@ -21,8 +23,6 @@ from agent_rl.training.loop.sft import (
 )
 from agent_rl.training.models.prompts import PromptFormat, Turn
 from agent_rl.training.serving.envpool import RegisteredEnv
-
-from agent_rl.config import RolloutConfig
 
 COUNTER = RegisteredEnv("usertest/Counter-v0", {"max_target": 5, "max_steps": 40})
 
@@ -295,10 +295,10 @@ def test_supervised_training_steps_with_the_scheduled_learning_rate(monkeypatch)
 def test_warm_start_warns_when_demonstrated_replies_exceed_the_generation_limit(policy, max_new_tokens, warned):
     import copy
 
-    from agent_rl.training.loop.sft import warm_start
     from rich.console import Console
 
     from agent_rl.config import load_config
+    from agent_rl.training.loop.sft import warm_start
 
     model, tokenizer = policy
     config = load_config(
@@ -436,10 +436,9 @@ def test_supervised_training_draws_half_of_each_batch_from_the_dagger_pairs_afte
 def test_warm_start_runs_the_dagger_round_on_the_engine(policy):
     import copy
 
+    from agent_rl.config import load_config
     from agent_rl.training.loop.sft import warm_start
     from agent_rl.training.serving.engines import HFEngine
-
-    from agent_rl.config import load_config
 
     model, tokenizer = policy
     config = load_config(

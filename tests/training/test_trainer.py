@@ -17,14 +17,14 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from agent_rl.training.infra import checkpoint
-from agent_rl.training.infra.logger import read_metrics
-from agent_rl.training.loop.trainer import NONFINITE_STOP, NonFiniteUpdates, Trainer, train
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
 from agent_rl.config import ConfigError, load_config
+from agent_rl.training.infra import checkpoint
+from agent_rl.training.infra.logger import read_metrics
+from agent_rl.training.loop.trainer import NONFINITE_STOP, NonFiniteUpdates, Trainer, train
 
 TESTS = Path(__file__).resolve().parents[1]  # tests/, which holds user_env_example.py
 # Two rooms, no doors: the goal item lies one move away. Small enough for seconds-long runs.
@@ -559,8 +559,9 @@ def test_short_run_with_vllm(tmp_path, algo):
 def small_policy_dir(tmp_path_factory) -> Path:
     """A 0.15M-parameter Qwen2 with the embedded tokenizer: the same code path as the embedded model,
     fast enough to learn within a test."""
-    from agent_rl.training.models.policy import load_policy
     from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from agent_rl.training.models.policy import load_policy
 
     embedded, tokenizer = load_policy("embedded")
     torch.manual_seed(0)

@@ -37,11 +37,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from agent_rl.training.infra.distributed import broadcast_flag
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from agent_rl.config import respelled
+from agent_rl.training.infra.distributed import broadcast_flag
 
 FORMAT_VERSION = 1
 CHECKPOINTS = "checkpoints"
@@ -621,9 +621,8 @@ def resume_run(
 
     A missing or corrupt checkpoint is refused, never replaced by another: the error names the
     run's intact checkpoints and the command that resumes from each."""
-    from agent_rl.training.infra.resolution import resolve
-
     from agent_rl.config import config_from_dict, config_to_dict
+    from agent_rl.training.infra.resolution import resolve
 
     try:
         found = find_checkpoint(run_dir, which)

@@ -10,10 +10,9 @@ import copy
 import importlib
 from typing import Any, Callable
 
-from agent_rl.training.infra.distributed import bf16_supported, resolve_device
-
 from agent_rl import envs
 from agent_rl.config import Config, ConfigError, EnvConfig, resolve_algorithm, validate
+from agent_rl.training.infra.distributed import bf16_supported, resolve_device
 
 
 def vllm_available() -> bool:

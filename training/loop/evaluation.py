@@ -12,6 +12,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from rich.console import Console
+
+from agent_rl.config import Config, RolloutConfig, load_config, load_default_config
 from agent_rl.envs import EVAL_SEED_BASE
 from agent_rl.training.infra.resolution import resolve
 from agent_rl.training.loop.rollout import (
@@ -25,9 +28,6 @@ from agent_rl.training.loop.rollout import (
 from agent_rl.training.models.prompts import PromptFormat
 from agent_rl.training.serving.engines import Engine, engine_from_config
 from agent_rl.training.serving.envpool import EnvFactory, EnvPool, env_factory, env_pool
-from rich.console import Console
-
-from agent_rl.config import Config, RolloutConfig, load_config, load_default_config
 
 assert EVAL_SEED_BASE > SEED_HIGH  # training seeds are drawn below SEED_HIGH
 

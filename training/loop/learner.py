@@ -21,14 +21,14 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from agent_rl.training.infra.checkpoint import load_model_weights
-from agent_rl.training.infra.distributed import DistContext, all_reduce_gradients, broadcast_ragged, forward_precision
-from agent_rl.training.models.policy import is_lora
 from rich.progress import Progress
 
 from agent_rl.batch import StepBatch
 from agent_rl.config import Config
 from agent_rl.losses import policy_loss
+from agent_rl.training.infra.checkpoint import load_model_weights
+from agent_rl.training.infra.distributed import DistContext, all_reduce_gradients, broadcast_ragged, forward_precision
+from agent_rl.training.models.policy import is_lora
 
 # ---- teacher-forced logprobs --------------------------------------------------------------------------
 

@@ -39,13 +39,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 import numpy as np
-from agent_rl.anchors import compute_anchor_keys
-from agent_rl.training.models.prompts import PromptFormat, Turn
-from agent_rl.training.serving.engines import Engine, SamplingParams
-from agent_rl.training.serving.envpool import EnvFactory, EnvPool, EnvResult, env_pool
 
 from agent_rl.batch import StepBatch
 from agent_rl.config import RolloutConfig, check_rollout
+from agent_rl.training.models.prompts import PromptFormat, Turn
+from agent_rl.training.serving.engines import Engine, SamplingParams
+from agent_rl.training.serving.envpool import EnvFactory, EnvPool, EnvResult, env_pool
 
 SEED_HIGH = 2**31 - 1
 
@@ -274,22 +273,6 @@ def episodes_to_batch(episodes: Sequence[Episode], group_ids: Sequence[int], fir
             "overlong_penalty": np.asarray([row["overlong_penalty"] for row in rows], dtype=np.float64),
             "seed": np.repeat(np.asarray([e.seed for e in episodes], dtype=np.int64), lengths),
         },
-    )
-
-
-def anchor_keys(batch: StepBatch, kind: str, rollout: RolloutConfig) -> np.ndarray:
-    """The anchor key of every row: what ``kind`` reads of the batch, and for ``context`` the history
-    the prompts showed (their observations only when ``rollout.history_observations``)."""
-    context = kind == "context"
-    return compute_anchor_keys(
-        kind,
-        observations=batch.observation if rollout.history_observations or not context else None,
-        errors=batch.error,
-        states=batch.anchor_state,
-        group_ids=batch.group_id if kind == "similarity" else None,
-        actions=batch.action if context else None,
-        traj_ids=batch.traj_id if context else None,
-        history_turns=rollout.history_turns if context else None,
     )
 
 

@@ -21,6 +21,10 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from agent_rl.config import SFT_MODES, Config, RolloutConfig
 from agent_rl.training.loop.learner import response_logits, warmup_lr
 from agent_rl.training.loop.rollout import (
     Episode,
@@ -34,10 +38,6 @@ from agent_rl.training.loop.rollout import (
 from agent_rl.training.models.prompts import PromptFormat
 from agent_rl.training.serving.engines import Engine, HFEngine
 from agent_rl.training.serving.envpool import EnvFactory, EnvPool, env_pool
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-from agent_rl.config import SFT_MODES, Config, RolloutConfig
 
 FORMAT_CHECK_EVERY = 25
 """Cloning steps between two measurements of the format accuracy (``sft.format_target``)."""

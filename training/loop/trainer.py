@@ -24,6 +24,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from agent_rl.advantages import compute_advantages
+from agent_rl.anchors import batch_anchor_keys
+from agent_rl.config import Config, ConfigError, config_to_dict, save_config
 from agent_rl.envs import AUTO_SFT_REASONS
 from agent_rl.training.infra import checkpoint
 from agent_rl.training.infra.distributed import (
@@ -38,16 +44,11 @@ from agent_rl.training.infra.logger import RunLogger
 from agent_rl.training.infra.resolution import resolve
 from agent_rl.training.loop.evaluation import evaluate_heldout, target_reached
 from agent_rl.training.loop.learner import Learner
-from agent_rl.training.loop.rollout import anchor_keys, collect_rollouts
+from agent_rl.training.loop.rollout import collect_rollouts
 from agent_rl.training.loop.sft import warm_start
 from agent_rl.training.models.policy import add_lora, is_lora
 from agent_rl.training.serving.engines import Engine, engine_from_config
 from agent_rl.training.serving.envpool import EnvFactory, env_factory, failure_kind, pool_from_config
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-from agent_rl.advantages import compute_advantages
-from agent_rl.config import Config, ConfigError, config_to_dict, save_config
 
 RESUME_MAY_CHANGE = (
     "trainer.iterations",
@@ -212,8 +213,9 @@ class Trainer:
         """A trainer whose objects are built from ``config``'s names (the policy, ``env.id`` with
         ``env.kwargs`` and ``env.imports``, the engine), except those passed in. Seeds python, numpy
         and torch with ``trainer.seed`` first. ``kwargs`` go to the constructor (``resume``, ...)."""
-        from agent_rl.training.models.policy import load_policy
         from transformers.utils import logging as hf_logging
+
+        from agent_rl.training.models.policy import load_policy
 
         hf_logging.disable_progress_bar()  # our own progress display replaces the per-shard bars
         make_env = make_env or env_factory(config)  # the constructor resolves the config
@@ -241,7 +243,12 @@ class Trainer:
             self._report_env_failures(stats)
             if len(batch):  # dynamic sampling may keep no group: nothing to learn from this round
                 with timed(metrics, "time/advantage"):
-                    batch.anchor_key = anchor_keys(batch, cfg.env.anchor_key, cfg.rollout)
+                    batch.anchor_key = batch_anchor_keys(
+                        batch,
+                        cfg.env.anchor_key,
+                        history_turns=cfg.rollout.history_turns,
+                        history_observations=cfg.rollout.history_observations,
+                    )
                     credit = compute_advantages(batch, cfg.algo)
                 metrics.update(credit.metrics())
                 blind = credit.blind_step_credit()

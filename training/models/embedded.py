@@ -77,6 +77,7 @@ def embedded_policy_dir(root: Path, env_ids: list[str] | None = None) -> Path:
 def covered_envs(env_ids: list[str]) -> tuple[list[str], dict[str, str]]:
     """Those of ``env_ids`` whose entry point imports, with a digest of each one's source module."""
     import gymnasium as gym
+
     from agent_rl.envs import text_env_spec
 
     ids, digests = [], {}
@@ -103,8 +104,9 @@ def _source_digest(module_name: str) -> str:
 
 def build_embedded_policy(directory: Path, config: dict[str, Any], env_ids: list[str]) -> None:
     """Train the tokenizer, initialize the model (seeded) and ``save_pretrained`` both to ``directory``."""
-    from agent_rl.training.models.prompts import template_corpus
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    from agent_rl.training.models.prompts import template_corpus
 
     settings = config["tokenizer"]
     texts = template_corpus() + sample_env_text(

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import torch
+
 from agent_rl.training.models.embedded import EMBEDDED, embedded_policy_dir
 from agent_rl.training.models.gguf import gguf_policy_dir
 from agent_rl.training.models.known import KNOWN_MODELS, model_file

@@ -36,6 +36,7 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+
 from agent_rl.training.infra.distributed import forward_precision
 from agent_rl.training.models.policy import serving_state_dict
 

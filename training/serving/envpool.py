@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
 import gymnasium as gym
+
 from agent_rl.envs.registration import make_text_env, return_env
 from agent_rl.training.infra.resolution import make_configured_env
 
@@ -301,6 +302,7 @@ class RayEnvPool:
         timeout_s: float | None = None,
     ):
         import ray
+
         from agent_rl.envs import has_oracle
 
         if n_envs < 1 or n_actors < 1:
