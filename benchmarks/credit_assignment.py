@@ -45,7 +45,7 @@ import numpy as np
 
 from agent_rl.benchmarks.common import RESULTS_DIR, RESUME, machine_info, runs_stop_with_this_process, stopped
 from agent_rl.benchmarks.credit_testbed import select_names
-from agent_rl.benchmarks.paired_stats import mean_interval, paired_difference
+from agent_rl.benchmarks.paired_stats import PairedDifference, adjust_family, mean_interval, paired_difference
 
 
 @dataclass(frozen=True)
@@ -567,7 +567,12 @@ def cell_summary(records: list[dict]) -> dict[str, Any]:
 
 
 PAIRED_METRICS = ("sampled_auc", "greedy_auc", "final_sampled_success", "final_invalid_rate", "final_episode_length")
-"""Per-seed metrics compared by paired differences; the first, the AUC of sampled success, is primary."""
+"""Per-seed metrics compared by paired differences."""
+PRIMARY_MEASURE = "sampled_auc"
+"""What the grid's comparisons test, as declared before its committed runs: the AUC of sampled
+held-out success, paired by seed. Every method against its environment's baseline, in every
+environment the summary holds, is one family, Holm-corrected (``paired_stats.adjust_family``); the
+other measures are reported beside it and never called significant."""
 
 
 def summarize(jobs: dict[str, list[Job]], gates: dict[str, Gate], gate_points: float = GATE_POINTS) -> dict[str, Any]:
@@ -579,6 +584,7 @@ def summarize(jobs: dict[str, list[Job]], gates: dict[str, Gate], gate_points: f
     from agent_rl.training.infra.logger import read_metrics
 
     summary: dict[str, Any] = {}
+    family: dict[tuple[str, str], PairedDifference] = {}
     for name, env_jobs in jobs.items():
         env = env_jobs[0].env
         cells = {
@@ -606,14 +612,18 @@ def summarize(jobs: dict[str, list[Job]], gates: dict[str, Gate], gate_points: f
             baseline = cells[env.methods[0]]
             paired = sorted(set(seeds) & set(baseline))
 
-            def compare(key: str, on: list[int]) -> dict[str, Any]:
-                difference = paired_difference(
+            def difference(key: str, on: list[int]) -> PairedDifference:
+                return paired_difference(
                     np.array([seeds[s][key] for s in on]), np.array([baseline[s][key] for s in on])
                 )
-                return {**difference.as_dict(), "per_seed": [seeds[s][key] - baseline[s][key] for s in on]}
+
+            def compare(key: str, on: list[int]) -> dict[str, Any]:
+                per_seed = [seeds[s][key] - baseline[s][key] for s in on]
+                return {**difference(key, on).as_dict(), "per_seed": per_seed}
 
             if method != env.methods[0] and len(paired) >= 2:
                 result["paired"] = {"seeds": paired, **{key: compare(key, paired) for key in PAIRED_METRICS}}
+                family[(name, method)] = difference(PRIMARY_MEASURE, paired)
                 where_learned = [s for s in paired if s in learned_seeds]
                 if len(where_learned) >= 2 and where_learned != paired:
                     result["paired_where_baseline_learned"] = {
@@ -639,6 +649,12 @@ def summarize(jobs: dict[str, list[Job]], gates: dict[str, Gate], gate_points: f
                 ),
                 "warm_starts": sum(records[-1]["time/elapsed"] for records in warm_starts),
             },
+        }
+    for (name, method), adjusted in (adjust_family(family) if family else {}).items():
+        summary[name]["methods"][method]["paired"]["primary"] = {
+            "measure": PRIMARY_MEASURE,
+            **adjusted.as_dict(),
+            "significant": adjusted.significant(),
         }
     return summary
 
@@ -695,6 +711,17 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
                 f"{_points(r['final_sampled_success'])} | {_points(r['final_invalid_rate'])} | {grouped} | "
                 f"{100 * r['credit_share_of_iteration']['mean']:.2f}% |"
             )
+        primary = {m: r["paired"]["primary"] for m, r in env["methods"].items() if "primary" in r.get("paired", {})}
+        if primary:
+            lines += ["", f"The primary measure ({PRIMARY_MEASURE}) over the grid's family of comparisons:", ""]
+            for method, p in primary.items():
+                verdict = "a difference" if p["significant"] else "no difference shown"
+                lines.append(
+                    f"- {method}: {100 * p['mean']:+.1f} points; Holm over the {p['family_size']} comparisons: t-test "
+                    f"p = {p['holm_t_p']:.3f}, Wilcoxon p = {p['holm_wilcoxon_p']:.3f}, family interval "
+                    f"[{100 * p['adjusted_ci_low']:+.1f}, {100 * p['adjusted_ci_high']:+.1f}]: {verdict} at 5% "
+                    "family-wise."
+                )
         sensitivity = {
             m: r["paired_where_baseline_learned"]
             for m, r in env["methods"].items()

@@ -120,6 +120,15 @@ def test_summary_pairs_each_method_with_the_baseline_on_shared_seeds(tmp_path):
     assert paired["sampled_auc"]["per_seed"] == pytest.approx([0.15, 0.1])
     assert paired["sampled_auc"]["mean"] == pytest.approx(0.125) and paired["sampled_auc"]["wins"] == 2
     assert paired["final_invalid_rate"]["per_seed"] == pytest.approx([-0.05, -0.05])
+    # The declared measure alone is tested over the family (here one comparison): differences 0.15 and
+    # 0.1 give t = 0.125 / 0.025 = 5 on 1 degree of freedom, p = 1 - 2 atan(5) / pi = 0.1257.
+    primary = paired["primary"]
+    assert primary["measure"] == bench.PRIMARY_MEASURE == "sampled_auc" and primary["family_size"] == 1
+    assert primary["holm_t_p"] == pytest.approx(0.12567, abs=1e-4) and not primary["significant"]
+    assert (primary["adjusted_ci_low"], primary["adjusted_ci_high"]) == pytest.approx(
+        (paired["sampled_auc"]["ci_low"], paired["sampled_auc"]["ci_high"])
+    )
+    assert not any("significant" in paired[key] for key in bench.PAIRED_METRICS)
     assert step["grouped_fraction"]["mean"] == pytest.approx(0.9) and trajectory["grouped_fraction"] is None
     assert step["credit_share_of_iteration"]["mean"] == pytest.approx(1 / 8)
     bench.write_markdown({"maze": summary}, tmp_path / "summary.md")
@@ -127,6 +136,7 @@ def test_summary_pairs_each_method_with_the_baseline_on_shared_seeds(tmp_path):
     assert "| gigpo-state | 2 | 32.5 ± " in table and "+12.5 [" in table and "+15.0, +10.0" in table
     # A row over several seeds keeps its interval; a row of one seed shows its value, not a zero-width interval.
     assert "| trajectory | 3 | 30.8 ± " in table
+    assert "- gigpo-state: +12.5 points; Holm over the 1 comparisons: t-test p = 0.126" in table
     one_seed = bench.summarize({"maze": [job for job in jobs["maze"] if job.seed == 0]}, {})["maze"]
     bench.write_markdown({"maze": one_seed}, tmp_path / "one_seed.md")
     assert "| trajectory | 1 | 30.0 (one seed) |" in (tmp_path / "one_seed.md").read_text()
