@@ -289,8 +289,9 @@ def graph_progress(
     from it to a win. States that reach no win, and the state after an action that ended the
     episode without a win (``done`` and not ``truncated``), get the group's cap, one more than its
     largest finite distance, so every state that reaches a win is nearer than every state that does
-    not. A group without a win has every state at its cap: no progress anywhere. Rows of a trajectory
-    are in time order (the ``StepBatch`` contract).
+    not. A group without a win has every state at its cap: no progress anywhere, except that a turn
+    whose next state is the state it began in has progress -1, as a step away from the goal has.
+    Rows of a trajectory are in time order (the ``StepBatch`` contract).
     """
     group_ids = _id_column("group_ids", group_ids, len(np.asarray(group_ids)))
     n = len(group_ids)
@@ -341,6 +342,11 @@ def graph_progress(
     next_distance[won] = 0.0
     row_distance = distance[state]
     progress = np.clip(row_distance - next_distance, -1.0, 1.0)
+    # A turn that left the state as it was (an invalid or idle action) spent a turn for nothing: it
+    # scores as a step away, never above one (with the invalid-action penalty, below it).
+    stayed = np.zeros(n, dtype=bool)
+    stayed[has_next] = state[next_row[has_next]] == state[has_next]
+    progress[stayed & ~won] = -1.0
 
     # A meeting: a state seen after the first turn by two or more trajectories of the group.
     visits, _ = dense_ids(state, traj_code)

@@ -39,8 +39,9 @@ def test_distances_and_progress_by_hand():
     # d(C)=1 (its action wins), d(B)=2, d(A)=3 via B, d(D)=3 via B; E reaches no win: the cap, 1 + 3.
     np.testing.assert_array_equal(graph.distance, [3, 2, 1, 3, 3, 2, 4, 3, 4, 4])
     np.testing.assert_array_equal(graph.next_distance, [2, 1, 0, 3, 2, 4, np.nan, 4, 4, 4])
-    # B -> E loses 2 steps: clipped to -1. T1's cut last step has no next state: unknown.
-    np.testing.assert_array_equal(graph.progress, [1, 1, 1, 0, 1, -1, np.nan, -1, 0, 0])
+    # B -> E loses 2 steps: clipped to -1. T1's cut last step has no next state: unknown. T2's E -> E
+    # stays where it was: -1, as a step away (both ends at the cap would otherwise give 0).
+    np.testing.assert_array_equal(graph.progress, [1, 1, 1, 0, 1, -1, np.nan, -1, -1, 0])
     assert graph.merged.all()  # T0 and T1 meet in B
     np.testing.assert_array_equal(graph.trajectory_won, [True] * 3 + [False] * 7)
 
@@ -50,15 +51,32 @@ def test_a_failed_trajectory_gets_credit_for_its_progress():
     advantages = graph_advantages(graph, normalize="mean")
     known = graph.progress[~np.isnan(graph.progress)]
     mean = known.mean()
-    assert mean == pytest.approx(2 / 9)
+    assert mean == pytest.approx(1 / 9)
     np.testing.assert_allclose(
-        advantages, [1 - mean, 1 - mean, 1 - mean, -mean, 1 - mean, -1 - mean, 0, -1 - mean, -mean, -mean]
+        advantages, [1 - mean, 1 - mean, 1 - mean, -mean, 1 - mean, -1 - mean, 0, -1 - mean, -1 - mean, -mean]
     )
     # T1 failed, yet its step D -> B, onto the winning path, is credited above the group's average.
     assert advantages[4] > 0
     std = known.std(ddof=1)
     normalized = graph_advantages(graph, normalize="mean_std", eps=1e-6)
     np.testing.assert_allclose(normalized[~np.isnan(graph.progress)], (known - mean) / (std + 1e-6))
+
+
+def test_a_turn_that_stays_put_never_scores_above_a_step_away():
+    # T0 wins along A B C; T1 bumps into a wall at A (A -> A), then steps back from B to A, then wins.
+    columns = rows((["A", "B", "C"], "won"), (["A", "A", "B", "A", "B", "C"], "won"))
+    graph = graph_progress(*columns)
+    np.testing.assert_array_equal(graph.distance, [3, 2, 1, 3, 3, 2, 3, 2, 1])
+    stay, away = graph.progress[3], graph.progress[5]
+    assert stay == away == -1 and graph.progress[4] == 1
+    # The bump was an invalid action: with the invalid-action penalty it scores below the step away.
+    group, traj, key, won, _, truncated = columns
+    valid = np.ones(len(group), dtype=bool)
+    valid[3] = False
+    batch = StepBatch.for_credit(group, traj, won.astype(float), key, valid, won, truncated)
+    algo = resolve_algorithm(load_config(overrides=["algo=gigpo", "algo.step_credit=graph"]).algo)
+    credit = compute_advantages(batch, algo)
+    assert credit.advantages[3] < credit.advantages[5] < credit.advantages[4]
 
 
 def test_cycles_do_not_shorten_or_hang():

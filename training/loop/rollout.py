@@ -342,10 +342,16 @@ def collect_rollouts(
     return batch, stats
 
 
+def split_failed(episodes: Sequence[Episode]) -> tuple[list[Episode], list[str]]:
+    """The episodes that played to their end, and why each of the others failed (its environment
+    raised, hung or broke its contract)."""
+    return [e for e in episodes if e.failure is None], [e.failure for e in episodes if e.failure is not None]
+
+
 def episode_stats(episodes: Sequence[Episode], play: PlayStats, seconds: float) -> dict[str, Any]:
     """Success rate, return, length, invalid-action and overlong rates over the successful episodes,
     plus failure count, generation throughput and ``failures``: why each failed episode failed."""
-    done = [e for e in episodes if e.failure is None]
+    done, failures = split_failed(episodes)
     rows = [row for e in done for row in e.rows]
 
     def mean(values: list[Any]) -> float:
@@ -354,7 +360,7 @@ def episode_stats(episodes: Sequence[Episode], play: PlayStats, seconds: float) 
     return {
         "trajectories": float(len(done)),
         "failed_trajectories": float(len(episodes) - len(done)),
-        "failures": [e.failure for e in episodes if e.failure is not None],
+        "failures": failures,
         "success_rate": mean([bool(e.rows and e.rows[-1]["won"]) for e in done]),
         "mean_return": mean([e.total_return for e in done]),
         "mean_length": mean([len(e.rows) for e in done]),

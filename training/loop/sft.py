@@ -34,6 +34,7 @@ from agent_rl.training.loop.rollout import (
     draw_seeds,
     play_episodes,
     sampling_params,
+    split_failed,
 )
 from agent_rl.training.models.prompts import PromptFormat
 from agent_rl.training.serving.engines import Engine, HFEngine
@@ -174,7 +175,7 @@ class OracleLabeller:
 def demonstrations_of(episodes: Sequence[Episode]) -> Demonstrations:
     """The (prompt, response) pairs of the learned turns of ``episodes``; an episode whose environment
     raised adds none. ``successes`` counts the won episodes."""
-    played = [e for e in episodes if e.failure is None]
+    played, failures = split_failed(episodes)
     cloned = [row for e in played for row in e.rows if row["learn"]]
     return Demonstrations(
         [row["prompt_ids"].tolist() for row in cloned],
@@ -182,7 +183,7 @@ def demonstrations_of(episodes: Sequence[Episode]) -> Demonstrations:
         len(episodes),
         sum(bool(e.rows and e.rows[-1]["won"]) for e in played),
         [row["admissible"] for row in cloned],
-        [e.failure for e in episodes if e.failure is not None],
+        failures,
     )
 
 
