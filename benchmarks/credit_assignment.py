@@ -617,18 +617,21 @@ def summarize(jobs: dict[str, list[Job]], gates: dict[str, Gate], gate_points: f
                     np.array([seeds[s][key] for s in on]), np.array([baseline[s][key] for s in on])
                 )
 
-            def compare(key: str, on: list[int]) -> dict[str, Any]:
-                per_seed = [seeds[s][key] - baseline[s][key] for s in on]
-                return {**difference(key, on).as_dict(), "per_seed": per_seed}
+            def reported(key: str, on: list[int], found: PairedDifference) -> dict[str, Any]:
+                return {**found.as_dict(), "per_seed": [seeds[s][key] - baseline[s][key] for s in on]}
 
             if method != env.methods[0] and len(paired) >= 2:
-                result["paired"] = {"seeds": paired, **{key: compare(key, paired) for key in PAIRED_METRICS}}
-                family[(name, method)] = difference(PRIMARY_MEASURE, paired)
+                differences = {key: difference(key, paired) for key in PAIRED_METRICS}
+                result["paired"] = {
+                    "seeds": paired,
+                    **{key: reported(key, paired, found) for key, found in differences.items()},
+                }
+                family[(name, method)] = differences[PRIMARY_MEASURE]
                 where_learned = [s for s in paired if s in learned_seeds]
                 if len(where_learned) >= 2 and where_learned != paired:
                     result["paired_where_baseline_learned"] = {
                         "seeds": where_learned,
-                        "sampled_auc": compare("sampled_auc", where_learned),
+                        "sampled_auc": reported("sampled_auc", where_learned, difference("sampled_auc", where_learned)),
                     }
             methods[method] = result
         warm_starts = [read_metrics(job.run_dir) for job in env_jobs if job.method is None and job.done]
