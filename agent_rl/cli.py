@@ -47,12 +47,10 @@ def raise_stopped(signum: int, frame) -> None:
 
 def _how_to_go_on(run_dir: str | None) -> str:
     """What a stopped run saved and the command that continues it."""
-    from agent_rl.training.infra.checkpoint import resume_command, saved_iteration
+    from agent_rl.training.infra.checkpoint import how_to_go_on, saved_iteration
 
-    saved = saved_iteration(run_dir) if run_dir else None
-    if saved is None:
-        return "no checkpoint was saved yet; run the same command again to start over"
-    return f"the last checkpoint is iteration {saved}; continue with: {resume_command(run_dir)}"
+    fresh = run_dir is None or saved_iteration(run_dir) is None
+    return how_to_go_on(run_dir) + ("; run the same command again to start over" if fresh else "")
 
 
 def report_stop(name: str, exc: KeyboardInterrupt, how_to_go_on: str) -> int:
@@ -117,7 +115,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from agent_rl.config import load_config, load_default_config
 
     def run() -> int:
-        from agent_rl.training.loop.trainer import default_run_dir, train
+        from agent_rl.training.loop.run_dir import default_run_dir
+        from agent_rl.training.loop.trainer import train
 
         imports = [f"env.imports=[{', '.join(args.imports)}]"] if args.imports else []
         if args.resume and args.resume != "auto":

@@ -10,9 +10,11 @@ Masked-out positions may hold anything (padding garbage, -inf): they are zeroed 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import Literal
 
+import numpy as np
 import torch
 
 from agent_rl.presets import KL_ESTIMATORS, LOSS_AGGS, LOSS_PRESETS, RATIO_LEVELS  # noqa: F401  (LOSS_PRESETS: policy_loss(**LOSS_PRESETS[name]))
@@ -230,3 +232,73 @@ def policy_loss(
             entropy = _check("entropy", entropy.detach(), shape, mask)
             metrics["entropy"] = float(masked_mean(entropy, mask))
     return PolicyLossOutput(loss=loss, token_loss=token_loss, metrics=metrics)
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """The options of :func:`policy_loss` that stay fixed for a run: a loss preset
+    (``LOSS_PRESETS``) under ``algo.loss_kwargs``, and the KL term. Calling it computes the loss of
+    one batch of tokens."""
+
+    ratio_level: RatioLevel = "token"
+    clip_low: float | None = 0.2
+    clip_high: float | None = 0.2
+    cispo_cap: float | None = None
+    loss_agg: LossAgg = "seq_mean_token_mean"
+    norm_length: float | None = None
+    kl_coef: float = 0.0
+    kl_estimator: KLEstimator = "k3"
+
+    @property
+    def kl_on(self) -> bool:
+        """Whether the KL term is on: it needs the reference's logprobs and pulls every row."""
+        return self.kl_coef > 0
+
+    def __call__(
+        self,
+        logp: torch.Tensor,
+        old_logp: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        *,
+        ref_logp: torch.Tensor | None = None,
+        entropy: torch.Tensor | None = None,
+        num_tokens: float | None = None,
+        num_rows: float | None = None,
+    ) -> PolicyLossOutput:
+        return policy_loss(
+            logp,
+            old_logp,
+            advantages,
+            mask,
+            ref_logp=ref_logp,
+            entropy=entropy,
+            num_tokens=num_tokens,
+            num_rows=num_rows,
+            **asdict(self),
+        )
+
+
+EXTREME_METRICS = {"ratio_max": max, "log_ratio_abs_max": max, "ratio_min": min}
+""":func:`policy_loss` metrics that combine over micro-batches and optimizer steps as their extreme,
+not a mean."""
+
+
+def combine_loss_metrics(parts: Sequence[dict[str, float]], weights: Sequence[float] | None = None) -> dict[str, float]:
+    """The metrics of several :func:`policy_loss` calls (micro-batches, optimizer steps) as one: each
+    key over the parts that report it, as its extreme (``EXTREME_METRICS``) or its mean, weighted by
+    ``weights`` (their tokens, say) when given."""
+    if weights is not None and len(weights) != len(parts):
+        raise ValueError(f"{len(parts)} parts but {len(weights)} weights")
+    combined: dict[str, float] = {}
+    for key in dict.fromkeys(key for part in parts for key in part):
+        reported = [(part[key], 1.0 if weights is None else weights[i]) for i, part in enumerate(parts) if key in part]
+        values = np.array([value for value, _ in reported])
+        if key in EXTREME_METRICS:
+            combined[key] = float(EXTREME_METRICS[key](values))
+        elif weights is None:
+            combined[key] = float(values.mean())
+        else:
+            total = sum(weight for _, weight in reported)
+            combined[key] = float(sum(value * weight for value, weight in reported) / max(total, 1.0))
+    return combined

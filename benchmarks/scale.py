@@ -87,7 +87,7 @@ def ddp_worker(out_path: str, repeats: int) -> None:
     """One learner process: time accumulate_policy_gradient + all-reduce on a fixed minibatch."""
     import torch
 
-    from agent_rl.losses import LOSS_PRESETS
+    from agent_rl.losses import LOSS_PRESETS, LossSpec
     from agent_rl.training.infra.distributed import all_reduce_gradients, init_distributed
     from agent_rl.training.loop.learner import accumulate_policy_gradient
     from agent_rl.training.models.policy import load_policy
@@ -112,7 +112,7 @@ def ddp_worker(out_path: str, repeats: int) -> None:
             responses,
             old,
             advantages,
-            loss_kwargs={**LOSS_PRESETS["grpo"], "kl_coef": 0.0},
+            loss=LossSpec(**{**LOSS_PRESETS["grpo"], "kl_coef": 0.0}),
             temperature=1.0,
             micro_batch_size=16,
             shard=(ctx.rank, ctx.world_size),

@@ -11,9 +11,11 @@ from hypothesis import strategies as st
 
 from agent_rl.losses import (
     LOSS_PRESETS,
+    LossSpec,
     aggregate,
     cispo_surrogate,
     clipped_surrogate,
+    combine_loss_metrics,
     kl_penalty,
     log_importance_weights,
     policy_loss,
@@ -279,3 +281,34 @@ def test_policy_loss_micro_batch_invariance():
         (split_grad,) = torch.autograd.grad(total, logp)
         torch.testing.assert_close(total, full, msg=name)
         torch.testing.assert_close(split_grad, full_grad, msg=name)
+
+
+@pytest.mark.parametrize("name", sorted(LOSS_PRESETS))
+def test_loss_spec_computes_policy_loss_with_its_options(name):
+    torch.manual_seed(0)
+    logp, old, ref = (torch.randn(3, 4) - 1.0 for _ in range(3))
+    advantages, mask = torch.tensor([1.0, -0.5, 2.0]), torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
+    options = {**LOSS_PRESETS[name], "kl_coef": 0.1, "norm_length": 5.0}
+    spec = LossSpec(**options)
+    assert spec.kl_on and not LossSpec().kl_on
+    expected = policy_loss(logp, old, advantages, mask, ref_logp=ref, num_rows=3.0, **options)
+    out = spec(logp, old, advantages, mask, ref_logp=ref, num_rows=3.0)
+    assert torch.equal(out.loss, expected.loss) and out.metrics == expected.metrics
+    with pytest.raises(TypeError):
+        LossSpec(clip=0.1)  # an unknown option is refused, not carried along
+
+
+def test_combined_loss_metrics_by_hand():
+    parts = [
+        {"loss": 1.0, "ratio_max": 1.5, "ratio_min": 0.9, "log_ratio_abs_max": 0.4, "entropy": 2.0},
+        {"loss": 3.0, "ratio_max": 1.1, "ratio_min": 0.7, "log_ratio_abs_max": 0.1},
+    ]
+    plain = combine_loss_metrics(parts)
+    assert plain == {"loss": 2.0, "ratio_max": 1.5, "ratio_min": 0.7, "log_ratio_abs_max": 0.4, "entropy": 2.0}
+    weighted = combine_loss_metrics(parts, weights=[1.0, 3.0])
+    assert weighted["loss"] == pytest.approx((1.0 + 9.0) / 4.0)  # the token-weighted mean
+    assert weighted["ratio_max"] == 1.5 and weighted["ratio_min"] == 0.7  # extremes ignore the weights
+    assert weighted["entropy"] == 2.0  # over the parts that report it
+    assert combine_loss_metrics([]) == {}
+    with pytest.raises(ValueError, match="2 parts but 1 weights"):
+        combine_loss_metrics(parts, weights=[1.0])

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from agent_rl.losses import LOSS_PRESETS
+from agent_rl.losses import LOSS_PRESETS, LossSpec
 from agent_rl.training.infra.distributed import all_reduce_gradients, broadcast_ragged, init_distributed
 from agent_rl.training.loop.learner import accumulate_policy_gradient
 from agent_rl.training.models.policy import load_policy
@@ -33,7 +33,7 @@ def gradients(model, prompts, responses, old_logprobs, advantages, loss, shard=(
         responses,
         old_logprobs,
         advantages,
-        loss_kwargs={**LOSS_PRESETS[loss], "kl_coef": 0.0, "norm_length": 8},
+        loss=LossSpec(**{**LOSS_PRESETS[loss], "kl_coef": 0.0, "norm_length": 8}),
         temperature=1.0,
         micro_batch_size=3,
         shard=shard,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from agent_rl.training.loop.learner import sequence_logprobs
+from agent_rl.training.loop.logprobs import sequence_logprobs
 from agent_rl.training.serving.engines import HFEngine, SamplingParams, make_engine
 
 TOLERANCE = 1e-3  # max abs logprob difference, float32

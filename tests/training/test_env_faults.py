@@ -16,8 +16,9 @@ from rich.console import Console
 
 from agent_rl.config import ConfigError, RolloutConfig, load_config
 from agent_rl.training.infra.logger import read_metrics
+from agent_rl.training.loop.guards import EnvironmentFailures
 from agent_rl.training.loop.sft import collect_demonstrations
-from agent_rl.training.loop.trainer import EnvironmentFailures, train
+from agent_rl.training.loop.trainer import train
 from agent_rl.training.models.policy import load_tokenizer, policy_dir
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -149,22 +150,20 @@ def test_a_missing_admissible_action_list_names_the_call_and_the_turn():
 
 
 def test_more_than_half_failed_in_two_iterations_running_stops_the_run(tmp_path):
-    from types import SimpleNamespace
-
-    from agent_rl.training.loop.trainer import Trainer
+    from agent_rl.training.infra.checkpoint import how_to_go_on
+    from agent_rl.training.loop.guards import FaultGuard
 
     console = Console(file=io.StringIO(), width=400)
     config = load_config(overrides=["env.id=faulty/Lever-v0"])
-    trainer = SimpleNamespace(
-        console=console, config=config, run_dir=tmp_path, iteration=1, env_failure_kinds=set(), failing_streak=0
-    )
-    trainer._how_to_go_on = lambda: Trainer._how_to_go_on(trainer)
+    guard = FaultGuard(config, console, lambda: how_to_go_on(tmp_path))
+    iteration = 1
 
     def report(failed: int, played: int) -> int:
+        nonlocal iteration
         stats = {"failures": [f"{ERROR}"] * failed, "trajectories": float(played - failed)}
-        Trainer._report_env_failures(trainer, stats)
-        trainer.iteration += 1
-        return trainer.failing_streak
+        guard.check_environments(iteration, stats)
+        iteration += 1
+        return guard.failing_streak
 
     assert report(5, 8) == 1 and report(4, 8) == 0  # exactly half does not count
     assert report(5, 8) == 1

@@ -15,19 +15,11 @@ from rich.progress import Progress
 
 from agent_rl.batch import StepBatch
 from agent_rl.config import load_config
+from agent_rl.losses import LossSpec
 from agent_rl.training.infra.resolution import resolve
-from agent_rl.training.loop.learner import (
-    Learner,
-    accumulate_policy_gradient,
-    merge_repeated_rows,
-    minibatch_count,
-    plan_micro_batches,
-    recompute_logprobs,
-    response_logits,
-    sequence_logprobs,
-    step_scale,
-    warmup_lr,
-)
+from agent_rl.training.loop.learner import Learner, accumulate_policy_gradient, minibatch_count, step_scale, warmup_lr
+from agent_rl.training.loop.logprobs import recompute_logprobs, response_logits, sequence_logprobs
+from agent_rl.training.loop.micro_batches import merge_repeated_rows, plan_micro_batches
 
 # ---- teacher-forced logprobs (response_logits, sequence_logprobs) --------------------------------------------------
 
@@ -211,7 +203,7 @@ def test_merging_repeated_rows_leaves_the_gradient_unchanged(loss):
     }
     model.zero_grad()
     metrics = accumulate_policy_gradient(
-        model, prompts, responses, old, advantages, loss_kwargs=kwargs, temperature=1.0, micro_batch_size=8
+        model, prompts, responses, old, advantages, loss=LossSpec(**kwargs), temperature=1.0, micro_batch_size=8
     )
     merged = torch.cat([p.grad.flatten() for p in model.parameters()])
     assert metrics["repeated_rows"] == 3  # rows 0 and 2 (positive), 1 and 5 (negative), 3 and 4 merge
@@ -470,7 +462,7 @@ def test_gradient_does_not_depend_on_micro_batch_split(loss):
             responses,
             old,
             advantages,
-            loss_kwargs=kwargs,
+            loss=LossSpec(**kwargs),
             temperature=1.0,
             micro_batch_size=micro_batch_size,
         )
@@ -510,7 +502,7 @@ def test_forwarded_tokens_count_shared_prefixes_once_and_padding():
             responses,
             old,
             np.array(advantages),
-            loss_kwargs=kwargs,
+            loss=LossSpec(**kwargs),
             temperature=1.0,
             micro_batch_size=micro_batch_size,
         )["forwarded_tokens"]

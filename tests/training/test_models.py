@@ -247,8 +247,9 @@ def test_smollm2_policy_gradient_step_moves_logprobs_the_advantages_way(smollm2)
 
     import numpy as np
 
-    from agent_rl.losses import LOSS_PRESETS
-    from agent_rl.training.loop.learner import accumulate_policy_gradient, sequence_logprobs
+    from agent_rl.losses import LOSS_PRESETS, LossSpec
+    from agent_rl.training.loop.learner import accumulate_policy_gradient
+    from agent_rl.training.loop.logprobs import sequence_logprobs
     from agent_rl.training.serving.engines import HFEngine, SamplingParams
 
     model, tokenizer = smollm2
@@ -276,7 +277,7 @@ def test_smollm2_policy_gradient_step_moves_logprobs_the_advantages_way(smollm2)
         responses,
         [np.array(c.logprobs) for c in completions],
         advantages,
-        loss_kwargs={**LOSS_PRESETS["grpo"], "kl_coef": 0.0},
+        loss=LossSpec(**{**LOSS_PRESETS["grpo"], "kl_coef": 0.0}),
         temperature=1.0,
         micro_batch_size=2,
     )

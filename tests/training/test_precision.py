@@ -7,9 +7,11 @@ import pytest
 import torch
 
 from agent_rl.config import ConfigError, load_config
+from agent_rl.losses import LossSpec
 from agent_rl.training.infra import distributed
 from agent_rl.training.infra.distributed import bf16_supported, check_precision, forward_precision
-from agent_rl.training.loop.learner import accumulate_policy_gradient, sequence_logprobs
+from agent_rl.training.loop.learner import accumulate_policy_gradient
+from agent_rl.training.loop.logprobs import sequence_logprobs
 from agent_rl.training.serving.engines import HFEngine, SamplingParams
 
 CPU = torch.device("cpu")
@@ -79,16 +81,14 @@ def test_a_bf16_training_step_is_finite_keeps_float32_weights_and_follows_the_fl
         with torch.no_grad():
             logp, _ = sequence_logprobs(model, PROMPTS, RESPONSES)
         old = [row[: len(r)].numpy() for row, r in zip(logp, RESPONSES)]
-        loss_kwargs = dict(
-            ratio_level="token", clip_low=0.2, clip_high=0.2, loss_agg="seq_mean_token_mean", kl_coef=0.0
-        )
+        spec = LossSpec(ratio_level="token", clip_low=0.2, clip_high=0.2, loss_agg="seq_mean_token_mean", kl_coef=0.0)
         metrics = accumulate_policy_gradient(
             model,
             PROMPTS,
             RESPONSES,
             old,
             torch.tensor([1.0, -0.5, 2.0]).numpy(),
-            loss_kwargs=loss_kwargs,
+            loss=spec,
             temperature=1.0,
             micro_batch_size=2,
             precision=precision,

@@ -11,7 +11,7 @@ from gymnasium import spaces
 from agent_rl.config import RolloutConfig
 from agent_rl.envs import register_text_env
 from agent_rl.training.loop.evaluation import evaluate
-from agent_rl.training.loop.learner import sequence_logprobs
+from agent_rl.training.loop.logprobs import sequence_logprobs
 from agent_rl.training.loop.rollout import collect_rollouts, overlong_shaping
 from agent_rl.training.serving.engines import Completion, HFEngine, SamplingParams
 from agent_rl.training.serving.envpool import RegisteredEnv

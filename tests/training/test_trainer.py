@@ -24,7 +24,8 @@ from rich.console import Console
 from agent_rl.config import ConfigError, load_config
 from agent_rl.training.infra import checkpoint
 from agent_rl.training.infra.logger import read_metrics
-from agent_rl.training.loop.trainer import NONFINITE_STOP, NonFiniteUpdates, Trainer, train
+from agent_rl.training.loop.guards import NONFINITE_STOP, FaultGuard, NonFiniteUpdates
+from agent_rl.training.loop.trainer import Trainer, train
 
 TESTS = Path(__file__).resolve().parents[1]  # tests/, which holds user_env_example.py
 # Two rooms, no doors: the goal item lies one move away. Small enough for seconds-long runs.
@@ -422,15 +423,12 @@ def test_the_stopping_rule_lets_the_confirmation_decide(metrics, target, reached
 
 
 def test_skipped_non_finite_steps_are_reported_and_several_in_a_row_stop_the_run(tmp_path):
-    from types import SimpleNamespace
-
     console = Console(file=io.StringIO(), width=300)
-    trainer = SimpleNamespace(console=console, run_dir=tmp_path, iteration=3, nonfinite_streak=0)
-    trainer._how_to_go_on = lambda: Trainer._how_to_go_on(trainer)
+    watch = FaultGuard(load_config(), console, lambda: checkpoint.how_to_go_on(tmp_path))
 
     def guard(skipped: float, taken: float) -> int:
-        Trainer._guard_nonfinite(trainer, {"update/nonfinite_steps": skipped, "update/optimizer_steps": taken})
-        return trainer.nonfinite_streak
+        watch.check_updates(3, {"update/nonfinite_steps": skipped, "update/optimizer_steps": taken})
+        return watch.nonfinite_streak
 
     assert guard(1, 1) == 1  # skipped after the last step taken, at worst
     assert guard(0, 2) == 0  # a finite step ends the streak
@@ -717,3 +715,15 @@ def test_the_confirmation_decides_as_a_fresh_evaluation_of_every_seed(data):
     periodic = {"eval/greedy_success": sum(outcomes[:played]) / played}
     metrics = periodic | confirm(_greedy_player(outcomes, []), played, sum(outcomes[:played]), episodes, target)
     assert target_reached(metrics, target) is (sum(outcomes) / episodes >= target)
+
+
+def test_blind_step_credit_is_said_once_per_run(tmp_path):
+    console = Console(file=io.StringIO(), width=300)
+    watch = FaultGuard(load_config(overrides=["env.anchor_key=observation"]), console, lambda: "")
+    watch.check_credit(1, None)
+    assert console.file.getvalue() == ""
+    watch.check_credit(2, "no anchor state recurs within a group")
+    watch.check_credit(3, "no anchor state recurs within a group")
+    said = console.file.getvalue()
+    assert said.count("warning") == 1 and "iteration 2: no anchor state recurs within a group" in said
+    assert "env.anchor_key=observation may never repeat" in said

@@ -1,5 +1,6 @@
 """Run logging: ``metrics.jsonl`` (one JSON record per iteration), TensorBoard event files, and a
-compact rich table per iteration on the console. The resolved config is saved as ``config.yaml``."""
+compact rich table per iteration on the console, and the progress display of its phases. The
+resolved config is saved as ``config.yaml``."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
 from rich import box
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 METRICS_FILE = "metrics.jsonl"
@@ -116,3 +119,28 @@ def iteration_table(record: dict[str, Any]) -> Table:
     cells.append("/".join(f"{record.get(f'time/{name}', 0.0):.0f}" for name in _TIMES))
     table.add_row(*cells)
     return table
+
+
+def progress_bar(console: Console, enabled: bool = True) -> Progress:
+    """The progress display of a run's phases (rollout, update, evaluation), gone once done."""
+    return Progress(
+        TextColumn("[bold blue]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not enabled,
+    )
+
+
+def run_header(config, model: torch.nn.Module, run_dir: Path) -> str:
+    """The line a run starts with: what trains on what, where."""
+    n_params = sum(p.numel() for p in model.parameters())
+    n_trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    trained = f" (trained {n_trained / 1e6:.2f}M)" if n_trained < n_params else ""
+    return (
+        f"[bold]agent-rl train[/] env={config.env.id} algo={config.algo.preset} engine={config.engine.kind} "
+        f"device={next(model.parameters()).device} params={n_params / 1e6:.2f}M{trained} "
+        f"anchor={config.env.anchor_key} run_dir={run_dir}"
+    )

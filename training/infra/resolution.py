@@ -10,9 +10,11 @@ import copy
 import importlib
 from typing import Any, Callable
 
+import torch
+
 from agent_rl import envs
 from agent_rl.config import Config, ConfigError, EnvConfig, resolve_algorithm, validate
-from agent_rl.training.infra.distributed import bf16_supported, resolve_device
+from agent_rl.training.infra.distributed import bf16_supported, check_precision, resolve_device
 
 
 def vllm_available() -> bool:
@@ -89,3 +91,21 @@ def resolve(config: Config, make_env: Callable[[], Any] | None = None) -> Config
     resolved.algo = resolve_algorithm(resolved.algo, norm_length=resolved.rollout.max_new_tokens)
     validate(resolved)
     return resolved
+
+
+def explain_choices(config: Config, resolved: Config, device: torch.device) -> list[str]:
+    """What :func:`resolve` chose for ``config``'s ``auto`` settings and why, one line each; raises
+    ``ConfigError`` when ``policy.precision`` cannot run on ``device``."""
+    lines = []
+    if config.sft.mode == "auto":
+        lines.append(f"sft.mode=auto chose {resolved.sft.mode}: {envs.AUTO_SFT_REASONS[resolved.sft.mode]}")
+    if config.policy.precision == "auto":
+        native = "runs" if resolved.policy.precision == "bf16" else "has no native"
+        lines.append(
+            f"policy.precision=auto chose {resolved.policy.precision}: {device} {native} bfloat16 matrix products"
+        )
+    try:
+        check_precision(resolved.policy.precision, device)
+    except ValueError as exc:
+        raise ConfigError(f"config key 'policy.precision': {exc}") from None
+    return lines

@@ -371,3 +371,23 @@ def episode_stats(episodes: Sequence[Episode], play: PlayStats, seconds: float) 
         "turns_per_s": play.turns / seconds if seconds > 0 else 0.0,
         "seconds": seconds,
     }
+
+
+ROLLOUT_METRICS = {
+    "success_rate": "success_rate",
+    "return": "mean_return",
+    "length": "mean_length",
+    "invalid_rate": "invalid_action_rate",
+    "overlong_rate": "overlong_rate",
+    "failed_trajectories": "failed_trajectories",
+    "dropped_groups": "dropped_groups",
+    "rounds": "rounds",
+    "rows": "batch_rows",
+    "tokens_per_s": "tokens_per_s",
+}
+"""Logged ``rollout/<name>`` metrics and the ``collect_rollouts`` statistic each one reports."""
+
+
+def rollout_metrics(stats: dict) -> dict[str, float]:
+    """The logged ``rollout/<name>`` metrics of :func:`collect_rollouts`' statistics."""
+    return {f"rollout/{name}": stats[key] for name, key in ROLLOUT_METRICS.items()}

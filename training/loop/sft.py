@@ -25,7 +25,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from agent_rl.config import SFT_MODES, Config, RolloutConfig
-from agent_rl.training.loop.learner import response_logits, warmup_lr
+from agent_rl.training.loop.learner import warmup_lr
+from agent_rl.training.loop.logprobs import response_logits
 from agent_rl.training.loop.rollout import (
     Episode,
     Move,

@@ -19,85 +19,41 @@ import contextlib
 import random
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 
 from agent_rl.advantages import compute_advantages
 from agent_rl.anchors import batch_anchor_keys
-from agent_rl.config import Config, ConfigError, config_to_dict, save_config
-from agent_rl.envs import AUTO_SFT_REASONS
+from agent_rl.config import Config, config_to_dict, save_config
 from agent_rl.training.infra import checkpoint
 from agent_rl.training.infra.distributed import (
     broadcast_flag,
     broadcast_parameters,
-    check_precision,
     init_distributed,
     resolve_device,
     shutdown_distributed,
 )
-from agent_rl.training.infra.logger import RunLogger
-from agent_rl.training.infra.resolution import resolve
+from agent_rl.training.infra.logger import RunLogger, progress_bar, run_header
+from agent_rl.training.infra.resolution import explain_choices, resolve
 from agent_rl.training.loop.evaluation import evaluate_heldout, target_reached
+from agent_rl.training.loop.guards import FaultGuard
 from agent_rl.training.loop.learner import Learner
-from agent_rl.training.loop.rollout import collect_rollouts
+from agent_rl.training.loop.rollout import collect_rollouts, rollout_metrics
+from agent_rl.training.loop.run_dir import open_run_dir
 from agent_rl.training.loop.sft import warm_start
 from agent_rl.training.models.policy import add_lora, is_lora
 from agent_rl.training.serving.engines import Engine, engine_from_config
-from agent_rl.training.serving.envpool import EnvFactory, env_factory, failure_kind, pool_from_config
-
-RESUME_MAY_CHANGE = (
-    "trainer.iterations",
-    "trainer.run_dir",
-    "trainer.target_success",
-    "trainer.confirm_episodes",
-    "trainer.torch_threads",
-    "logging",
-    "engine",
-    "scale",
-)
-"""Config keys a resumed run may change; any other difference refuses the checkpoint."""
-
-ROLLOUT_METRICS = {
-    "success_rate": "success_rate",
-    "return": "mean_return",
-    "length": "mean_length",
-    "invalid_rate": "invalid_action_rate",
-    "overlong_rate": "overlong_rate",
-    "failed_trajectories": "failed_trajectories",
-    "dropped_groups": "dropped_groups",
-    "rounds": "rounds",
-    "rows": "batch_rows",
-    "tokens_per_s": "tokens_per_s",
-}
-"""Logged ``rollout/<name>`` metrics and the ``collect_rollouts`` statistic each one reports."""
-
-
-NONFINITE_STOP = 4
-"""Optimizer steps in a row with a non-finite loss or gradient norm that stop a run."""
-
-
-class NonFiniteUpdates(ValueError):
-    """Several optimizer steps in a row had a non-finite loss or gradient norm."""
-
-
-class EnvironmentFailures(ValueError):
-    """Too many of an iteration's trajectories failed because their environment raised."""
+from agent_rl.training.serving.envpool import EnvFactory, env_factory, pool_from_config
 
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def default_run_dir(config: Config) -> Path:
-    name = config.env.id.split("/")[-1].lower()
-    return Path("runs") / f"{name}-{config.algo.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 @contextlib.contextmanager
@@ -144,20 +100,11 @@ class Trainer:
         self.model, self.tokenizer, self.make_env = model.eval(), tokenizer, make_env  # eval: no dropout
         self.on_iteration = on_iteration
         self.console = console if console is not None else Console(quiet=not cfg.logging.console)
-        if config.sft.mode == "auto":
-            self.console.print(f"sft.mode=auto chose {cfg.sft.mode}: {AUTO_SFT_REASONS[cfg.sft.mode]}")
         if cfg.trainer.torch_threads:
             torch.set_num_threads(cfg.trainer.torch_threads)
         device = next(model.parameters()).device
-        if config.policy.precision == "auto":
-            native = "runs" if cfg.policy.precision == "bf16" else "has no native"
-            self.console.print(
-                f"policy.precision=auto chose {cfg.policy.precision}: {device} {native} bfloat16 matrix products"
-            )
-        try:
-            check_precision(cfg.policy.precision, device)
-        except ValueError as exc:
-            raise ConfigError(f"config key 'policy.precision': {exc}") from None
+        for choice in explain_choices(config, cfg, device):
+            self.console.print(choice)
         self.dist = init_distributed(device)
         if self.dist.enabled and not cfg.trainer.run_dir:
             raise ValueError("config key 'trainer.run_dir' must be set when training on several processes")
@@ -173,12 +120,21 @@ class Trainer:
         self.seed_stream = np.random.default_rng([cfg.trainer.seed, 1])
         self.learner = Learner(model, self.optimizer, cfg, np.random.default_rng([cfg.trainer.seed, 2]), self.dist)
         self.iteration = 0
-        self.warned_blind_step_credit = False  # said once per run: it is the environment's nature, not an event
-        self.nonfinite_streak = 0  # optimizer steps skipped for a non-finite loss or gradient since the last one taken
-        self.env_failure_kinds: set[str] = set()  # environment errors already printed (envpool.failure_kind)
-        self.failing_streak = 0  # iterations running in which more than half of the trajectories failed
         self.state: dict[str, Any] = {"best_success": -1.0, "best_iteration": -1, "elapsed_s": 0.0, "engine_calls": 0}
-        self.started = self._open_run_dir(resume, resume_from)
+        self.run_dir, resumed = open_run_dir(
+            cfg,
+            resume=resume,
+            resume_from=resume_from,
+            model=model,
+            optimizer=self.optimizer,
+            generators=self._generators(),
+            dist=self.dist,
+            console=self.console,
+        )
+        if resumed is not None:
+            self.iteration, self.state = resumed
+        self.started = resumed is not None
+        self.guard = FaultGuard(cfg, self.console, lambda: checkpoint.how_to_go_on(self.run_dir))
         if self.dist.is_main:
             save_config(cfg, self.run_dir / "config.yaml")
         # Rank 0 generates, evaluates, logs and checkpoints.
@@ -239,8 +195,8 @@ class Trainer:
                 batch, stats = collect_rollouts(
                     self.pool, self.engine, self.tokenizer, cfg.rollout, self.seed_stream, progress=progress
                 )
-            metrics.update({f"rollout/{name}": stats[key] for name, key in ROLLOUT_METRICS.items()})
-            self._report_env_failures(stats)
+            metrics.update(rollout_metrics(stats))
+            self.guard.check_environments(self.iteration, stats)
             if len(batch):  # dynamic sampling may keep no group: nothing to learn from this round
                 with timed(metrics, "time/advantage"):
                     batch.anchor_key = batch_anchor_keys(
@@ -251,13 +207,7 @@ class Trainer:
                     )
                     credit = compute_advantages(batch, cfg.algo)
                 metrics.update(credit.metrics())
-                blind = credit.blind_step_credit()
-                if blind and not self.warned_blind_step_credit:
-                    self.warned_blind_step_credit = True
-                    self.console.print(
-                        f"[yellow]warning[/]: iteration {self.iteration}: {blind}; env.anchor_key="
-                        f"{cfg.env.anchor_key} may never repeat in {cfg.env.id} (see anchors/grouped_fraction)"
-                    )
+                self.guard.check_credit(self.iteration, credit.blind_step_credit())
                 advantages = credit.advantages
                 if credit.filtered_out():
                     why_skipped = (
@@ -269,7 +219,7 @@ class Trainer:
         with timed(metrics, "time/update"):
             learned = self.learner.update(batch, advantages, progress)
         metrics.update(learned)
-        self._guard_nonfinite(learned)
+        self.guard.check_updates(self.iteration, learned)
         if not learned or learned.get("update/skipped"):  # nothing was learned, nothing to sync
             if learned:
                 self.console.print(f"iteration {self.iteration}: {why_skipped}; no optimizer step")
@@ -278,64 +228,6 @@ class Trainer:
             with timed(metrics, "time/sync"):
                 self.engine.update_weights(self.model)
         return metrics
-
-    def _report_env_failures(self, stats: dict[str, Any]) -> None:
-        """Print the first environment error of each kind once and the iteration's count of failed
-        trajectories; stop the run when ``trainer.max_failed_share`` of them failed, or more than
-        half in two iterations running."""
-        failures = stats["failures"]
-        for failure in failures:
-            if (kind := failure_kind(failure)) not in self.env_failure_kinds:
-                self.env_failure_kinds.add(kind)
-                self.console.print(f"[yellow]environment error[/] in {self.config.env.id}: {failure}")
-        played = len(failures) + int(stats["trajectories"])
-        share = len(failures) / max(played, 1)
-        self.failing_streak = self.failing_streak + 1 if share > 0.5 else 0
-        if not failures:
-            return
-        self.console.print(
-            f"iteration {self.iteration}: {len(failures)} of {played} trajectories failed in the environment "
-            "and are left out"
-        )
-        limit = self.config.trainer.max_failed_share
-        if share >= limit or self.failing_streak >= 2:
-            count = f"{len(failures)} of {played} trajectories failed at iteration {self.iteration}"
-            why = (
-                f"{count} (trainer.max_failed_share={limit})"
-                if share >= limit
-                else f"more than half of the trajectories failed in two iterations running ({count})"
-            )
-            raise EnvironmentFailures(f"{why}; the first error: {failures[0]}; the run stops ({self._how_to_go_on()})")
-
-    def _how_to_go_on(self) -> str:
-        """What the last checkpoint holds and the command that continues from it."""
-        saved = checkpoint.saved_iteration(self.run_dir)
-        return (
-            "no checkpoint was saved yet"
-            if saved is None
-            else f"the last checkpoint is iteration {saved}; continue with: {checkpoint.resume_command(self.run_dir)}"
-        )
-
-    def _guard_nonfinite(self, learned: dict[str, float]) -> None:
-        """Say when the learner skipped steps whose loss or gradient norm was not finite, and stop the
-        run once ``NONFINITE_STOP`` such steps came with no finite step between them: the skipped steps
-        changed no weight, so the last checkpoint holds the last good ones."""
-        skipped = int(learned.get("update/nonfinite_steps", 0))
-        if not skipped:
-            if learned.get("update/optimizer_steps"):
-                self.nonfinite_streak = 0
-            return
-        self.nonfinite_streak = skipped if learned.get("update/optimizer_steps") else self.nonfinite_streak + skipped
-        self.console.print(
-            f"[yellow]warning[/]: iteration {self.iteration}: {skipped} optimizer step(s) skipped: "
-            "the loss or the gradient norm was not finite"
-        )
-        if self.nonfinite_streak >= NONFINITE_STOP:
-            raise NonFiniteUpdates(
-                f"{self.nonfinite_streak} optimizer steps in a row had a non-finite loss or gradient "
-                f"norm at iteration {self.iteration}; they changed no weight and the run stops "
-                f"({self._how_to_go_on()})"
-            )
 
     def evaluate(self, progress: Progress) -> dict[str, float]:
         """Held-out evaluation (``agent_rl.training.loop.evaluation.evaluate_heldout``), timed."""
@@ -348,15 +240,7 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         """Train to ``trainer.iterations`` (or the target success); returns a summary."""
         cfg = self.config
-        n_params = sum(p.numel() for p in self.model.parameters())
-        n_trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-        trained = f" (trained {n_trained / 1e6:.2f}M)" if n_trained < n_params else ""
-        self.console.print(
-            f"[bold]agent-rl train[/] env={cfg.env.id} algo={cfg.algo.preset} engine={cfg.engine.kind} "
-            f"device={next(self.model.parameters()).device} params={n_params / 1e6:.2f}M{trained} "
-            f"anchor={cfg.env.anchor_key} "
-            f"run_dir={self.run_dir}"
-        )
+        self.console.print(run_header(cfg, self.model, self.run_dir))
         reached = False
         try:
             if not self.started:
@@ -428,62 +312,6 @@ class Trainer:
             self._save(best=improved)
         return target_reached(metrics, cfg.trainer.target_success)
 
-    # ---- run directory and checkpoints ----------------------------------------------------------------
-    def _open_run_dir(self, resume: bool | str, resume_from: str) -> bool:
-        """Set ``run_dir``, remove leftovers of interrupted saves, then restore the checkpoint
-        ``resume_from`` (``resume``: True, or "auto" when the directory holds checkpoints) or claim
-        the directory for a new run; True when the run was resumed."""
-        cfg = self.config
-        if resume not in (False, True, "auto"):
-            raise ValueError(f"resume must be False, True or 'auto', got {resume!r}")
-        if resume_from not in checkpoint.POINTERS:
-            raise ValueError(f"resume_from (--resume-from) must be one of {checkpoint.POINTERS}, got {resume_from!r}")
-        if resume_from != "last" and not resume:
-            raise ValueError(
-                f"resume_from={resume_from!r} (--resume-from) applies only to a resumed run: resume=True "
-                "or 'auto' (--resume RUN_DIR or --resume auto)"
-            )
-        if resume == "auto" and not cfg.trainer.run_dir:
-            raise ConfigError(
-                "config key 'trainer.run_dir': resuming with 'auto' needs a fixed run directory, "
-                "the one a restarted job looks in"
-            )
-        self.run_dir = Path(cfg.trainer.run_dir) if cfg.trainer.run_dir else default_run_dir(cfg)
-        cfg.trainer.run_dir = str(self.run_dir)
-        if self.dist.is_main and (left := checkpoint.remove_leftovers(self.run_dir)):
-            self.console.print(f"removed {len(left)} leftover(s) of an interrupted save from {self.run_dir}")
-        if resume == "auto":
-            resume = broadcast_flag(self.dist.is_main and checkpoint.holds_checkpoints(self.run_dir), self.dist)
-            if not resume:
-                self.console.print(f"no checkpoint in {self.run_dir}: starting a new run")
-        if not resume:
-            checkpoint.claim_run_dir(self.run_dir, self.dist)
-            return False
-        self.iteration, self.state = checkpoint.resume_run(
-            self.run_dir,
-            cfg,
-            model=self.model,
-            optimizer=self.optimizer,
-            generators=self._generators(),
-            may_change=RESUME_MAY_CHANGE,
-            which=resume_from,
-        )
-        self.console.print(
-            f"[bold]resumed[/] {self.run_dir} at iteration {self.iteration} ({resume_from!r} checkpoint)"
-        )
-        if self.dist.is_main and (moved := checkpoint.rewind(self.run_dir, resume_from)):
-            self.console.print(
-                f"pointers {', '.join(moved)} now name iteration {self.iteration}; the iterations after it run again"
-            )
-        saved_threads = self.state.get("torch_threads")
-        if saved_threads is not None and saved_threads != torch.get_num_threads():
-            self.console.print(
-                f"[yellow]warning[/]: the checkpoint was written with {saved_threads} torch threads, this process has "
-                f"{torch.get_num_threads()}: float sums are ordered differently, so the run continues correctly "
-                "but not bit-identically to an uninterrupted one"
-            )
-        return True
-
     def _generators(self) -> dict[str, Any]:
         return {"seed_stream": self.seed_stream, "shuffle": self.learner.shuffle_rng}
 
@@ -506,15 +334,7 @@ class Trainer:
         )
 
     def _progress(self) -> Progress:
-        return Progress(
-            TextColumn("[bold blue]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=self.console,
-            transient=True,
-            disable=not self.config.logging.console,
-        )
+        return progress_bar(self.console, enabled=self.config.logging.console)
 
     def close(self) -> None:
         """Release what the trainer built: its engine (not one passed in), its environments, the process group."""

@@ -16,7 +16,7 @@ reason: ``"stop"`` (a stop token was sampled; it is included in ``token_ids``) o
   dict in the object store once and every replica loads it. (Environments scale out on Ray in
   ``agent_rl.training.serving.envpool``.)
 
-The learner (``agent_rl.training.loop.learner.sequence_logprobs``) recomputes the same per-token
+The learner (``agent_rl.training.loop.logprobs.sequence_logprobs``) recomputes the same per-token
 logprobs with the training model, so ``old_logprobs`` from an engine and the learner's ``logp``
 agree. With ``top_p < 1`` the engine's numbers include the nucleus renormalization that the
 learner does not apply: keep ``top_p = 1`` for on-policy RL.

@@ -1,0 +1,93 @@
+"""A run's directory: a new one claimed, or an interrupted one resumed from its checkpoint."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+
+from agent_rl.config import Config, ConfigError
+from agent_rl.training.infra import checkpoint
+from agent_rl.training.infra.distributed import DistContext, broadcast_flag
+
+RESUME_MAY_CHANGE = (
+    "trainer.iterations",
+    "trainer.run_dir",
+    "trainer.target_success",
+    "trainer.confirm_episodes",
+    "trainer.torch_threads",
+    "logging",
+    "engine",
+    "scale",
+)
+"""Config keys a resumed run may change; any other difference refuses the checkpoint."""
+
+
+def default_run_dir(config: Config) -> Path:
+    name = config.env.id.split("/")[-1].lower()
+    return Path("runs") / f"{name}-{config.algo.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def open_run_dir(
+    config: Config,
+    *,
+    resume: bool | str,
+    resume_from: str,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    generators: dict[str, Any],
+    dist: DistContext,
+    console: Console,
+) -> tuple[Path, tuple[int, dict[str, Any]] | None]:
+    """Set ``config.trainer.run_dir``, remove leftovers of interrupted saves, then restore the
+    checkpoint ``resume_from`` into ``model``, ``optimizer`` and ``generators`` (``resume``: True,
+    or "auto" when the directory holds checkpoints) or claim the directory for a new run. Returns
+    the directory and, for a resumed run, its ``(iteration, trainer state)``."""
+    if resume not in (False, True, "auto"):
+        raise ValueError(f"resume must be False, True or 'auto', got {resume!r}")
+    if resume_from not in checkpoint.POINTERS:
+        raise ValueError(f"resume_from (--resume-from) must be one of {checkpoint.POINTERS}, got {resume_from!r}")
+    if resume_from != "last" and not resume:
+        raise ValueError(
+            f"resume_from={resume_from!r} (--resume-from) applies only to a resumed run: resume=True "
+            "or 'auto' (--resume RUN_DIR or --resume auto)"
+        )
+    if resume == "auto" and not config.trainer.run_dir:
+        raise ConfigError(
+            "config key 'trainer.run_dir': resuming with 'auto' needs a fixed run directory, "
+            "the one a restarted job looks in"
+        )
+    run_dir = Path(config.trainer.run_dir) if config.trainer.run_dir else default_run_dir(config)
+    config.trainer.run_dir = str(run_dir)
+    if dist.is_main and (left := checkpoint.remove_leftovers(run_dir)):
+        console.print(f"removed {len(left)} leftover(s) of an interrupted save from {run_dir}")
+    if resume == "auto":
+        resume = broadcast_flag(dist.is_main and checkpoint.holds_checkpoints(run_dir), dist)
+        if not resume:
+            console.print(f"no checkpoint in {run_dir}: starting a new run")
+    if not resume:
+        checkpoint.claim_run_dir(run_dir, dist)
+        return run_dir, None
+    iteration, state = checkpoint.resume_run(
+        run_dir,
+        config,
+        model=model,
+        optimizer=optimizer,
+        generators=generators,
+        may_change=RESUME_MAY_CHANGE,
+        which=resume_from,
+    )
+    console.print(f"[bold]resumed[/] {run_dir} at iteration {iteration} ({resume_from!r} checkpoint)")
+    if dist.is_main and (moved := checkpoint.rewind(run_dir, resume_from)):
+        console.print(f"pointers {', '.join(moved)} now name iteration {iteration}; the iterations after it run again")
+    saved_threads = state.get("torch_threads")
+    if saved_threads is not None and saved_threads != torch.get_num_threads():
+        console.print(
+            f"[yellow]warning[/]: the checkpoint was written with {saved_threads} torch threads, this process has "
+            f"{torch.get_num_threads()}: float sums are ordered differently, so the run continues correctly "
+            "but not bit-identically to an uninterrupted one"
+        )
+    return run_dir, (iteration, state)
