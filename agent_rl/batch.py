@@ -13,10 +13,6 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-KEY_KINDS = ("state", "observation", "fingerprint", "similarity", "context")
-"""The kinds of ``anchor_key`` a batch can carry (``agent_rl.anchors.compute_anchor_keys`` computes each); an
-environment names its default kind when it is registered."""
-
 _SCALAR_DTYPES = {
     "group_id": np.int64,
     "traj_id": np.int64,

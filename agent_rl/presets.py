@@ -1,4 +1,5 @@
-"""The named algorithms and losses, as data: what ``algo=NAME`` and ``algo.loss=NAME`` select.
+"""The named algorithms and losses, and the other vocabularies a config chooses from, as data: what
+``algo=NAME`` and ``algo.loss=NAME`` select, and the kinds of anchor key.
 
 Plain dicts, no torch: ``agent_rl.config`` validates and resolves against them cheaply, and
 ``agent_rl.losses.policy_loss(**LOSS_PRESETS[name])`` runs one.
@@ -67,3 +68,7 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 
 LOSS_KWARGS = ("ratio_level", "clip_low", "clip_high", "cispo_cap", "loss_agg", "norm_length")
 """Keys ``algo.loss_kwargs`` may override on top of the loss preset (``agent_rl.losses.policy_loss``)."""
+
+KEY_KINDS = ("state", "observation", "fingerprint", "similarity", "context")
+"""The kinds of anchor key (``env.anchor_key``; ``agent_rl.anchors.compute_anchor_keys`` computes each); an
+environment names its default kind when it is registered."""

@@ -13,6 +13,7 @@ from agent_rl.envs.oracle import AUTO_SFT_REASONS, auto_sft_mode, has_oracle, or
 from agent_rl.envs.registration import (
     EnvUnavailableError,
     TextEnvSpec,
+    default_anchor_key,
     import_modules,
     load_plugins,
     make_text_env,
@@ -42,6 +43,7 @@ __all__ = [
     "Transition",
     "normalize_action",
     "TextEnvSpec",
+    "default_anchor_key",
     "import_modules",
     "load_plugins",
     "make_text_env",

@@ -17,8 +17,8 @@ from typing import Any, Callable
 
 import gymnasium as gym
 
-from agent_rl.batch import KEY_KINDS
 from agent_rl.envs.base import EnvUnavailableError  # noqa: F401  (raised by the suites' environments, exported here)
+from agent_rl.presets import KEY_KINDS
 
 NAMESPACE = "agent_rl"
 
@@ -177,6 +177,15 @@ def unavailable_envs() -> dict[str, str]:
     run, with the reason and the way to get them."""
     load_plugins()
     return dict(sorted(_UNAVAILABLE.items()))
+
+
+def default_anchor_key(env_id: str) -> str:
+    """The anchor key kind registered for ``env_id`` (``register_text_env``; ``module:ns/Name-vN``
+    imports ``module`` first); ``observation`` for any other environment (a plain Gymnasium env, or a
+    label for a user's environment factory)."""
+    name = registry_id(env_id)  # before the lookup: importing the module registers the environment
+    spec = text_env_specs().get(name)
+    return spec.default_anchor if spec is not None else "observation"
 
 
 def text_env_spec(env_id: str) -> TextEnvSpec:

@@ -48,6 +48,16 @@ def test_bundled_envs_are_registered_with_descriptions():
     assert env.spec.id == "agent_rl/Maze-v0"
 
 
+def test_default_anchor_key_is_the_registered_kind_else_observation(monkeypatch):
+    monkeypatch.syspath_prepend(str(TESTS_DIR))
+    assert envs.default_anchor_key("agent_rl/MiniCode-v0") == "fingerprint"
+    assert envs.default_anchor_key("agent_rl/Maze-v0") == "state"
+    assert envs.default_anchor_key("user_env_example:usertest/Counter-v0") == "state"  # the module is imported first
+    assert envs.default_anchor_key("CartPole-v1") == "observation"  # a plain Gymnasium env
+    with pytest.raises(ValueError, match="default_anchor must be one of"):
+        envs.register_text_env("test_reg/Bad-v0", MazeEnv, description="x", default_anchor="exact")
+
+
 def test_gymnasium_make_works_without_importing_envs_first():
     code = (
         "import sys, gymnasium as gym\n"

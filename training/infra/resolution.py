@@ -26,14 +26,6 @@ def vllm_available() -> bool:
     return True
 
 
-def default_anchor_key(env_id: str) -> str:
-    """The anchor key kind registered for ``env_id`` (``agent_rl.envs.register_text_env``; ``module:ns/Name-vN``
-    imports ``module`` first); ``observation`` for any other environment (a plain Gymnasium env, or a
-    label for a user's environment factory)."""
-    spec = envs.text_env_specs().get(envs.registry_id(env_id))
-    return spec.default_anchor if spec is not None else "observation"
-
-
 def make_configured_env(env: EnvConfig) -> Any:
     """``gymnasium.make(env.id, **env.kwargs)`` after importing ``env.imports``. An id that names no
     registered environment (or a ``module:`` that does not import) and an environment that refuses
@@ -81,7 +73,7 @@ def resolve(config: Config, make_env: Callable[[], Any] | None = None) -> Config
         resolved.policy.precision = "bf16" if bf16_supported(resolve_device(resolved.policy.device)) else "fp32"
     if resolved.env.anchor_key is None:
         envs.import_modules(resolved.env.imports)
-        resolved.env.anchor_key = default_anchor_key(resolved.env.id)
+        resolved.env.anchor_key = envs.default_anchor_key(resolved.env.id)
     if resolved.sft.mode == "auto":
         env = make_env() if make_env is not None else make_configured_env(resolved.env)
         try:
