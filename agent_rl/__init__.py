@@ -29,15 +29,15 @@ _LAZY = {
     "train": ("agent_rl.training.loop.trainer", "train"),
     "evaluate_policy": ("agent_rl.training.loop.evaluation", "evaluate_policy"),
     # the credit-assignment core
-    "StepBatch": ("agent_rl.batch", "StepBatch"),
-    "discounted_returns": ("agent_rl.advantages", "discounted_returns"),
-    "episode_advantages": ("agent_rl.advantages", "episode_advantages"),
-    "step_advantages": ("agent_rl.advantages", "step_advantages"),
-    "compute_advantages": ("agent_rl.advantages", "compute_advantages"),
-    "Credit": ("agent_rl.advantages", "Credit"),
-    "policy_loss": ("agent_rl.losses", "policy_loss"),
-    "kl_penalty": ("agent_rl.losses", "kl_penalty"),
-    "LOSS_PRESETS": ("agent_rl.presets", "LOSS_PRESETS"),
+    "StepBatch": ("agent_rl.core.batch", "StepBatch"),
+    "discounted_returns": ("agent_rl.core.advantages", "discounted_returns"),
+    "episode_advantages": ("agent_rl.core.advantages", "episode_advantages"),
+    "step_advantages": ("agent_rl.core.advantages", "step_advantages"),
+    "compute_advantages": ("agent_rl.core.advantages", "compute_advantages"),
+    "Credit": ("agent_rl.core.advantages", "Credit"),
+    "policy_loss": ("agent_rl.core.losses", "policy_loss"),
+    "kl_penalty": ("agent_rl.core.losses", "kl_penalty"),
+    "LOSS_PRESETS": ("agent_rl.core.presets", "LOSS_PRESETS"),
 }
 
 __all__ = ["__version__", *_LAZY]

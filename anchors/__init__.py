@@ -33,8 +33,8 @@ from agent_rl.anchors.kinds import (
     state_keys,
 )
 from agent_rl.anchors.similarity import cluster_similar, minhash_signatures
-from agent_rl.grouping import GroupStats, group_stats, group_steps
-from agent_rl.presets import KEY_KINDS
+from agent_rl.core.grouping import GroupStats, group_stats, group_steps
+from agent_rl.core.presets import KEY_KINDS
 
 __all__ = [
     "KEY_KINDS",

@@ -10,9 +10,9 @@ import numpy as np
 from agent_rl.anchors.fingerprint import error_fingerprint
 from agent_rl.anchors.keys import hash_strings, mix64, normalize_whitespace, stable_hash64, unique_inverse
 from agent_rl.anchors.similarity import cluster_similar
-from agent_rl.batch import StepBatch
-from agent_rl.grouping import dense_ids, rows_by_group
-from agent_rl.presets import KEY_KINDS
+from agent_rl.core.batch import StepBatch
+from agent_rl.core.grouping import dense_ids, rows_by_group
+from agent_rl.core.presets import KEY_KINDS
 
 _NEEDS = {
     "state": ("states",),

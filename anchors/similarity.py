@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from agent_rl.anchors.keys import mix64, normalize_whitespace, unique_inverse
-from agent_rl.grouping import dense_ids
+from agent_rl.core.grouping import dense_ids
 
 BUCKET_WINDOW = 8
 SHINGLE_BLOCK_ROWS = 16384  # shingles per MinHash block: (rows × num_perm) uint32 stays in cache

@@ -5,7 +5,7 @@ rewards, and anchor states drawn from a small per-group set so that states recur
 
     python -m agent_rl.benchmarks.credit_ops            # 10k, 100k, 1M rows -> benchmarks/results/credit_ops.json
 
-``graph_credit_s`` times graph credit (:func:`agent_rl.advantages.graph_progress` and
+``graph_credit_s`` times graph credit (:func:`agent_rl.core.advantages.graph_progress` and
 ``graph_advantages``: step credit only, no episode term) on the same batches.
 """
 
@@ -20,14 +20,14 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from agent_rl.advantages import (
+from agent_rl.benchmarks.common import best_of, write_result
+from agent_rl.core.advantages import (
     discounted_returns,
     episode_advantages,
     graph_advantages,
     graph_progress,
     step_advantages,
 )
-from agent_rl.benchmarks.common import best_of, write_result
 
 GAMMA = 0.95
 STEP_WEIGHT = 1.0

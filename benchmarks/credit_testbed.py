@@ -3,7 +3,7 @@ groups and graph credit) with a tabular softmax policy, many paired seeds in min
 
 The policy is one logit vector per (task, anchor state) over that state's admissible actions, trained
 by the policy gradient ``logits[s, a] += lr * A * (onehot(a) - pi(.|s))``. The advantages ``A`` come
-from ``agent_rl.advantages.compute_advantages`` with anchor keys from ``agent_rl.anchors.compute_anchor_keys``:
+from ``agent_rl.core.advantages.compute_advantages`` with anchor keys from ``agent_rl.anchors.compute_anchor_keys``:
 the credit code users train with. Only the policy and the environment stepping are replaced, by the
 engine in ``agent_rl.benchmarks.testbed``; this script configures, runs and reports it:
 
@@ -45,9 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from agent_rl.advantages import compute_advantages
 from agent_rl.anchors import compute_anchor_keys
-from agent_rl.batch import StepBatch
 from agent_rl.benchmarks.common import RESULTS_DIR, machine_info
 from agent_rl.benchmarks.paired_stats import mean_interval, paired_difference
 from agent_rl.benchmarks.testbed import corridor  # noqa: F401  (registers testbed/KeyCorridor-v0)
@@ -56,6 +54,8 @@ from agent_rl.benchmarks.testbed.explore import Tables, TaskGraph, build_tables,
 from agent_rl.benchmarks.testbed.learner import policy_gradient_step, unit_mean_abs
 from agent_rl.benchmarks.testbed.simulator import Rollout, initial_logits, rollout
 from agent_rl.config import AlgorithmConfig, resolve_algorithm
+from agent_rl.core.advantages import compute_advantages
+from agent_rl.core.batch import StepBatch
 from agent_rl.envs import EVAL_SEED_BASE
 
 # ---- settings ------------------------------------------------------------------------------------

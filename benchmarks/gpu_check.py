@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from agent_rl.benchmarks.common import RESULTS_DIR, write_result
-from agent_rl.presets import LOSS_PRESETS
+from agent_rl.core.presets import LOSS_PRESETS
 
 OUT_DIR = RESULTS_DIR / "gpu"
 SOKOBAN = "{width: 6, height: 6, n_boxes: 1, reverse_steps: 20, max_steps: 20}"

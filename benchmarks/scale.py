@@ -87,7 +87,7 @@ def ddp_worker(out_path: str, repeats: int) -> None:
     """One learner process: time accumulate_policy_gradient + all-reduce on a fixed minibatch."""
     import torch
 
-    from agent_rl.losses import LOSS_PRESETS, LossSpec
+    from agent_rl.core.losses import LOSS_PRESETS, LossSpec
     from agent_rl.training.infra.distributed import all_reduce_gradients, init_distributed
     from agent_rl.training.loop.learner import accumulate_policy_gradient
     from agent_rl.training.models.policy import load_policy

@@ -17,8 +17,8 @@ from typing import Any, Callable
 
 import gymnasium as gym
 
+from agent_rl.core.presets import KEY_KINDS
 from agent_rl.envs.base import EnvUnavailableError  # noqa: F401  (raised by the suites' environments, exported here)
-from agent_rl.presets import KEY_KINDS
 
 NAMESPACE = "agent_rl"
 

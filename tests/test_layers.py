@@ -1,8 +1,8 @@
-"""The layers of the code base hold: every import of the project's own modules, at module level or
-inside a function, points down or sideways within a layer, and no chain of imports comes back to
-where it started.
+"""The layers of the code base hold, one folder each: every import of the project's own modules, at
+module level, inside a function or under ``if TYPE_CHECKING:``, points down or sideways within a
+layer, and no chain of imports comes back to where it started.
 
-    core        agent_rl.{batch, grouping, advantages, losses, presets}   numpy and torch only
+    core        agent_rl.core.* (agent_rl/core/)                          numpy and torch only
     envs        agent_rl.envs.* (envs/)                                   and the core
     anchors     agent_rl.anchors.* (anchors/)                             and the core
     config      agent_rl.config.*                                         and the core
@@ -14,12 +14,13 @@ Inside ``agent_rl.training`` its rooms are layered too, bottom up: ``models`` (p
 (resolution, checkpoints, distributed, logging), ``serving`` (engines, environment pools), ``loop``
 (trainer, rollout, learner, warm start, evaluation).
 
-Imports under ``if TYPE_CHECKING:`` are for annotations only and never run, so they are not edges.
+An annotation-only import is still a dependency of the module's meaning, so it counts.
 """
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("agent_rl", "envs", "anchors", "training", "benchmarks")
 """The repository's package folders; all but agent_rl/ install as subpackages of agent_rl."""
-CORE = {"agent_rl.batch", "agent_rl.grouping", "agent_rl.advantages", "agent_rl.losses", "agent_rl.presets"}
 MAY_IMPORT = {
     "core": {"core"},
     "envs": {"core", "envs"},
@@ -53,12 +53,12 @@ def room(module: str) -> int | None:
 
 
 def layer(module: str) -> str:
-    if module in CORE:
-        return "core"
-    if module == "agent_rl.config" or module.startswith("agent_rl.config."):
-        return "config"
+    """The layer of ``module``: the folder under ``agent_rl`` it lives in; the package's own modules
+    (the facade, the CLI) and the benchmarks are the top."""
     package = module.split(".")[1] if module.count(".") else ""
-    return {"envs": "envs", "anchors": "anchors", "training": "training"}.get(package, "top")
+    return {"core": "core", "envs": "envs", "anchors": "anchors", "config": "config", "training": "training"}.get(
+        package, "top"
+    )
 
 
 def module_name(path: Path) -> str:
@@ -69,20 +69,12 @@ def module_name(path: Path) -> str:
     return ".".join(parts if parts[0] == "agent_rl" else ("agent_rl", *parts))
 
 
-def _type_checking_only(node: ast.AST) -> bool:
-    return isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
-
-
 def imported_modules(path: Path, known: set[str]) -> set[str]:
     """The project's modules ``path`` imports anywhere in its body (``from package import name``
     counts as the submodule when ``name`` is one, and as the package only for names it defines)."""
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if _type_checking_only(node):
-            for child in node.orelse:
-                visit(child)
-            return
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -109,6 +101,29 @@ def test_the_graph_sees_the_project():
     assert "agent_rl.config" in GRAPH["agent_rl.training.loop.trainer"]
     assert "agent_rl.training.loop.learner" in GRAPH["agent_rl.training.loop.trainer"]
     assert len(GRAPH) > 40
+    assert {layer(m) for m in GRAPH} == set(MAY_IMPORT)  # every layer has a folder with modules in it
+    assert {m for m in GRAPH if layer(m) == "core"} >= {"agent_rl.core.batch", "agent_rl.core.advantages"}
+
+
+def test_annotation_only_and_function_level_imports_count(tmp_path):
+    module = tmp_path / "knot.py"
+    module.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from agent_rl.config import Config\n"
+        "def f():\n    import agent_rl.training.loop.trainer\n"
+    )
+    known = {"agent_rl.config", "agent_rl.training.loop.trainer"}
+    assert imported_modules(module, known) == known
+
+
+def test_the_core_imports_numpy_and_torch_only():
+    allowed = {"numpy", "torch", "agent_rl", "__future__", *sys.stdlib_module_names}
+    for path in (ROOT / "agent_rl" / "core").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        outside = sorted(name for name in names if name.split(".")[0] not in allowed)
+        assert not outside, f"{path.name} imports {outside}"
 
 
 @pytest.mark.parametrize("module", sorted(GRAPH))

@@ -50,7 +50,7 @@ from agent_rl.config.schema import (
     respelled,
 )
 from agent_rl.config.validation import check_rollout, resolve_algorithm, validate
-from agent_rl.presets import ALGORITHM_PRESETS, LOSS_KWARGS, LOSS_PRESETS
+from agent_rl.core.presets import ALGORITHM_PRESETS, LOSS_KWARGS, LOSS_PRESETS
 
 __all__ = [
     "ACTION_PARSERS",

@@ -6,8 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from agent_rl.advantages import EPISODE_MODES, EPISODE_STATS, STEP_CREDIT, STEP_NORMALIZE
-from agent_rl.presets import ALGORITHM_PRESETS, KL_ESTIMATORS
+from agent_rl.core.presets import (
+    ALGORITHM_PRESETS,
+    EPISODE_MODES,
+    EPISODE_STATS,
+    KL_ESTIMATORS,
+    STEP_CREDIT,
+    STEP_NORMALIZE,
+)
 
 ACTION_PARSERS = ("first_line", "action_tag", "admissible")
 """How actions are read from completions (``agent_rl.training.models.prompts.PARSERS`` implements each)."""
@@ -174,7 +180,7 @@ class AlgorithmConfig:
     """Episode-level advantage: grpo (R-mean)/(std+eps), drgrpo R-mean, rloo leave-one-out, or none (no
     trajectory-level term: step credit alone, which needs step credit on); None = preset."""
     loss: str | None = None
-    """Loss preset name from ``agent_rl.losses.LOSS_PRESETS``; None = the algorithm preset's loss."""
+    """Loss preset name from ``agent_rl.core.losses.LOSS_PRESETS``; None = the algorithm preset's loss."""
     step_credit: Literal[STEP_CREDIT] | bool | None = None
     """Step-level advantages added to the episode's: ``anchor`` (GiGPO: a step's return against the
     steps taken from the same anchor state), ``graph`` (a step's progress towards a win in its group's

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from agent_rl.config.schema import ACTION_PARSERS, AlgorithmConfig, Config, ConfigError, RolloutConfig
-from agent_rl.presets import ALGORITHM_PRESETS, KEY_KINDS, LOSS_KWARGS, LOSS_PRESETS
+from agent_rl.core.presets import ALGORITHM_PRESETS, KEY_KINDS, LOSS_KWARGS, LOSS_PRESETS
 
 
 def _require(ok: bool, key: str, message: str) -> None:

@@ -1,4 +1,4 @@
-"""agent_rl.advantages: hand-computed cases, the verl-agent reference, and properties."""
+"""agent_rl.core.advantages: hand-computed cases, the verl-agent reference, and properties."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_rl.advantages import (
+from agent_rl.config import ConfigError, load_config, resolve_algorithm
+from agent_rl.core.advantages import (
     compute_advantages,
     discounted_returns,
     episode_advantages,
@@ -21,8 +22,7 @@ from agent_rl.advantages import (
     trajectory_weights,
     turn_position_mass,
 )
-from agent_rl.batch import StepBatch
-from agent_rl.config import ConfigError, load_config, resolve_algorithm
+from agent_rl.core.batch import StepBatch
 
 EPS = 1e-6
 

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from agent_rl.batch import ROW_COLUMNS, StepBatch
+from agent_rl.core.batch import ROW_COLUMNS, StepBatch
 
 
 def _batch(traj_ids, ts, **overrides):
@@ -71,7 +71,7 @@ def test_select_and_concatenate_round_trip():
 
 def test_importing_agent_rl_stays_light():
     code = (
-        "import sys, agent_rl, agent_rl.advantages, agent_rl.batch; "
+        "import sys, agent_rl, agent_rl.core.advantages, agent_rl.core.batch; "
         "print(sorted(m for m in ('torch', 'vllm', 'ray', 'textworld', 'transformers') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

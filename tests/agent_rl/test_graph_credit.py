@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_rl.advantages import compute_advantages, graph_advantages, graph_progress
-from agent_rl.batch import StepBatch
 from agent_rl.config import load_config, resolve_algorithm
+from agent_rl.core.advantages import compute_advantages, graph_advantages, graph_progress
+from agent_rl.core.batch import StepBatch
 
 
 def rows(*trajectories):

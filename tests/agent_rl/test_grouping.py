@@ -1,4 +1,4 @@
-"""agent_rl.grouping: exact grouping on every path of dense_ids (compact table, hashed sort and its
+"""agent_rl.core.grouping: exact grouping on every path of dense_ids (compact table, hashed sort and its
 collision fallback, lexsort for strings), and rows_by_group."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_rl import grouping
-from agent_rl.grouping import dense_ids, rows_by_group
+from agent_rl.core import grouping
+from agent_rl.core.grouping import dense_ids, rows_by_group
 
 
 def _reference(*columns):

@@ -1,4 +1,4 @@
-"""agent_rl.losses: each term by hand, GSPO forms against each other, presets and validation."""
+"""agent_rl.core.losses: each term by hand, GSPO forms against each other, presets and validation."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_rl.losses import (
+from agent_rl.core.losses import (
     LOSS_PRESETS,
     LossSpec,
     aggregate,

@@ -128,7 +128,7 @@ def test_state_keys_group_like_strings(states, groups):
 
 def test_step_advantages_accept_group_steps_output():
     """step_advantages takes the grouper's ids as keys and groups exactly as with the raw keys."""
-    from agent_rl.advantages import step_advantages
+    from agent_rl.core.advantages import step_advantages
 
     rng = np.random.default_rng(3)
     group_ids = rng.integers(0, 4, 300)

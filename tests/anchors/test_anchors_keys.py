@@ -263,7 +263,7 @@ def test_context_keys_equal_iff_shown_histories_equal(rows, history_turns):
 
 
 def test_batch_keys_in_context_follow_the_prompt_history():
-    from agent_rl.batch import StepBatch
+    from agent_rl.core.batch import StepBatch
 
     # One trajectory revisits state s0 after different actions; a prompt with one history turn
     # tells the two visits apart, a prompt with none does not.

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from agent_rl.losses import LOSS_PRESETS, LossSpec
+from agent_rl.core.losses import LOSS_PRESETS, LossSpec
 from agent_rl.training.infra.distributed import all_reduce_gradients, broadcast_ragged, init_distributed
 from agent_rl.training.loop.learner import accumulate_policy_gradient
 from agent_rl.training.models.policy import load_policy

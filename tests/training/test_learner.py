@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.progress import Progress
 
-from agent_rl.batch import StepBatch
 from agent_rl.config import load_config
-from agent_rl.losses import LossSpec
+from agent_rl.core.batch import StepBatch
+from agent_rl.core.losses import LossSpec
 from agent_rl.training.infra.resolution import resolve
 from agent_rl.training.loop.learner import Learner, accumulate_policy_gradient, minibatch_count, step_scale, warmup_lr
 from agent_rl.training.loop.logprobs import recompute_logprobs, response_logits, sequence_logprobs
@@ -183,7 +183,7 @@ def test_merging_repeated_rows_leaves_the_gradient_unchanged(loss):
     """A minibatch that repeats rows (same prompt and response, advantages of both signs) gets the
     gradient of the row-by-row sum of the policy loss, after one step has moved the ratios."""
     from agent_rl.config import LOSS_PRESETS
-    from agent_rl.losses import policy_loss
+    from agent_rl.core.losses import policy_loss
 
     model = _tiny_model()
     rng = np.random.default_rng(5)
@@ -474,7 +474,7 @@ def test_gradient_does_not_depend_on_micro_batch_split(loss):
     torch.testing.assert_close(split_three, whole, rtol=1e-4, atol=1e-7)
 
     # The same gradient as the plain full-batch loss over every row (zero-advantage rows included).
-    from agent_rl.losses import policy_loss
+    from agent_rl.core.losses import policy_loss
 
     model.zero_grad(set_to_none=True)
     logp, mask = sequence_logprobs(model, prompts, responses)

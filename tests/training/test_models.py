@@ -247,7 +247,7 @@ def test_smollm2_policy_gradient_step_moves_logprobs_the_advantages_way(smollm2)
 
     import numpy as np
 
-    from agent_rl.losses import LOSS_PRESETS, LossSpec
+    from agent_rl.core.losses import LOSS_PRESETS, LossSpec
     from agent_rl.training.loop.learner import accumulate_policy_gradient
     from agent_rl.training.loop.logprobs import sequence_logprobs
     from agent_rl.training.serving.engines import HFEngine, SamplingParams

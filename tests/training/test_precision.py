@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from agent_rl.config import ConfigError, load_config
-from agent_rl.losses import LossSpec
+from agent_rl.core.losses import LossSpec
 from agent_rl.training.infra import distributed
 from agent_rl.training.infra.distributed import bf16_supported, check_precision, forward_precision
 from agent_rl.training.loop.learner import accumulate_policy_gradient

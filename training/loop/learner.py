@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from rich.progress import Progress
 
-from agent_rl.batch import StepBatch
 from agent_rl.config import Config
-from agent_rl.losses import LossSpec, combine_loss_metrics
+from agent_rl.core.batch import StepBatch
+from agent_rl.core.losses import LossSpec, combine_loss_metrics
 from agent_rl.training.infra.checkpoint import load_model_weights
 from agent_rl.training.infra.distributed import DistContext, all_reduce_gradients, broadcast_ragged
 from agent_rl.training.loop.logprobs import recompute_logprobs, response_logits, sequence_logprobs

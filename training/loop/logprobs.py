@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from agent_rl.batch import StepBatch
+from agent_rl.core.batch import StepBatch
 from agent_rl.training.infra.distributed import forward_precision
 
 

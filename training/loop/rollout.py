@@ -40,8 +40,8 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from agent_rl.batch import StepBatch
 from agent_rl.config import RolloutConfig, check_rollout
+from agent_rl.core.batch import StepBatch
 from agent_rl.training.models.prompts import PromptFormat, Turn
 from agent_rl.training.serving.engines import Engine, SamplingParams
 from agent_rl.training.serving.envpool import EnvFactory, EnvPool, EnvResult, env_pool
@@ -217,7 +217,7 @@ def contract_breach(call: str, turn: int, result: EnvResult) -> str | None:
 
 
 def _record(episode: Episode, move: Move, result: EnvResult, config: RolloutConfig, last_turn: bool) -> None:
-    """Append the turn's row: every column of ``agent_rl.batch.ROW_COLUMNS``, and what the rollout
+    """Append the turn's row: every column of ``agent_rl.core.batch.ROW_COLUMNS``, and what the rollout
     keeps beside them."""
     failure = result.failure or contract_breach("step", len(episode.rows), result)
     if failure is not None:

@@ -4,7 +4,7 @@
 
 ``Trainer.train_iteration`` holds the first five steps and ``Trainer.run`` the loop around them.
 The pieces live in their own modules: ``rollout`` (the episode loop), ``anchors`` and
-``agent_rl.advantages`` (credit), ``learner`` (PPO-style minibatch epochs), ``evaluation`` (held-out
+``agent_rl.core.advantages`` (credit), ``learner`` (PPO-style minibatch epochs), ``evaluation`` (held-out
 seeds), ``checkpoint`` and ``logger``.
 
 A trainer takes objects: a model and its tokenizer, an environment factory (any zero-argument
@@ -26,9 +26,9 @@ import torch
 from rich.console import Console
 from rich.progress import Progress
 
-from agent_rl.advantages import compute_advantages
 from agent_rl.anchors import batch_anchor_keys
 from agent_rl.config import Config, config_to_dict, save_config
+from agent_rl.core.advantages import compute_advantages
 from agent_rl.training.infra import checkpoint
 from agent_rl.training.infra.distributed import (
     broadcast_flag,

@@ -226,7 +226,7 @@ def group_stats(step_group_ids: np.ndarray, n_groups: int) -> GroupStats:
 def group_steps(group_ids: np.ndarray | list, anchor_keys: np.ndarray | list) -> tuple[np.ndarray, GroupStats]:
     """Step-group id (int64, dense) of every row: rows share an id iff they have the same group id
     and the same anchor key. Built on :func:`dense_ids`, the project's one grouping primitive, so
-    ``agent_rl.advantages.step_advantages`` groups exactly the same way."""
+    ``agent_rl.core.advantages.step_advantages`` groups exactly the same way."""
     group_ids, anchor_keys = np.asarray(group_ids), np.asarray(anchor_keys)
     if group_ids.ndim != 1 or anchor_keys.ndim != 1:
         raise ValueError(f"group_ids and anchor_keys must be 1-D, got shapes {group_ids.shape} and {anchor_keys.shape}")

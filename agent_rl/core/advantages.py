@@ -15,28 +15,17 @@ Conventions (DESIGN "Advantages"):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 import numpy as np
 
-from agent_rl.batch import StepBatch
-from agent_rl.grouping import GroupStats, dense_ids, group_steps, rows_by_group
+from agent_rl.core.batch import StepBatch
+from agent_rl.core.grouping import GroupStats, dense_ids, group_steps, rows_by_group
+from agent_rl.core.presets import EPISODE_MODES, EPISODE_STATS, STEP_NORMALIZE
 
-if TYPE_CHECKING:
-    from agent_rl.config import AlgorithmConfig
-
-EpisodeMode = Literal["grpo", "drgrpo", "rloo"]
-EpisodeStats = Literal["trajectory", "step"]
-StepNormalize = Literal["mean", "mean_std"]
-StepCredit = Literal["none", "anchor", "graph"]
-
-EPISODE_MODES = ("grpo", "drgrpo", "rloo")
-EPISODE_STATS = ("trajectory", "step")
-STEP_NORMALIZE = ("mean", "mean_std")
-STEP_CREDIT = ("none", "anchor", "graph")
-"""Step-level credit: none, ``anchor`` (GiGPO: each step's return-to-go against the other steps taken
-from the same anchor state, :func:`step_advantages`) or ``graph`` (each step's progress towards a
-goal in the group's state graph, :func:`graph_advantages`)."""
+EpisodeMode = Literal[EPISODE_MODES]
+EpisodeStats = Literal[EPISODE_STATS]
+StepNormalize = Literal[STEP_NORMALIZE]
 
 
 def _float_column(name: str, values: np.ndarray, n: int | None = None) -> np.ndarray:
@@ -468,7 +457,23 @@ class Credit:
         return metrics
 
 
-def compute_advantages(batch: StepBatch, algo: AlgorithmConfig) -> Credit:
+class CreditSettings(Protocol):
+    """What :func:`compute_advantages` reads of a resolved ``agent_rl.config.AlgorithmConfig``."""
+
+    advantage: str
+    episode_stats: str
+    step_credit: str
+    step_normalize: str
+    step_weight: float
+    gamma: float
+    invalid_penalty: float
+    negative_weight: float
+    row_weight: str
+    keep_groups: float
+    eps: float
+
+
+def compute_advantages(batch: StepBatch, algo: CreditSettings) -> Credit:
     """One advantage per row of ``batch`` for the resolved algorithm ``algo``
     (``agent_rl.config.resolve_algorithm``), as in the GiGPO paper:
 

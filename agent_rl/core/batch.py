@@ -141,7 +141,7 @@ class StepBatch:
         rows of each trajectory in time order, no tokens and no text. ``action_valid`` defaults to
         all valid and ``won`` to all False; ``done`` marks each trajectory's last row, and ``truncated``
         (default False) is read on that row only: whether the trajectory ended without terminating."""
-        from agent_rl.grouping import dense_ids, positions_within
+        from agent_rl.core.grouping import dense_ids, positions_within
 
         traj_id = np.asarray(traj_id)
         n = len(traj_id)

@@ -17,7 +17,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from agent_rl.presets import KL_ESTIMATORS, LOSS_AGGS, LOSS_PRESETS, RATIO_LEVELS  # noqa: F401  (LOSS_PRESETS: policy_loss(**LOSS_PRESETS[name]))
+from agent_rl.core.presets import KL_ESTIMATORS, LOSS_AGGS, LOSS_PRESETS, RATIO_LEVELS  # noqa: F401  (LOSS_PRESETS: policy_loss(**LOSS_PRESETS[name]))
 
 RatioLevel = Literal[RATIO_LEVELS]
 LossAgg = Literal[LOSS_AGGS]

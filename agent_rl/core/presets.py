@@ -2,7 +2,7 @@
 ``algo=NAME`` and ``algo.loss=NAME`` select, and the kinds of anchor key.
 
 Plain dicts, no torch: ``agent_rl.config`` validates and resolves against them cheaply, and
-``agent_rl.losses.policy_loss(**LOSS_PRESETS[name])`` runs one.
+``agent_rl.core.losses.policy_loss(**LOSS_PRESETS[name])`` runs one.
 """
 
 from __future__ import annotations
@@ -57,18 +57,29 @@ LOSS_PRESETS: dict[str, dict[str, Any]] = {
         ratio_level="token", clip_low=None, clip_high=None, cispo_cap=4.0, loss_agg="token_mean", kl_coef=0.0
     ),
 }
-"""Keyword arguments of ``agent_rl.losses.policy_loss`` for each named loss."""
+"""Keyword arguments of ``agent_rl.core.losses.policy_loss`` for each named loss."""
 
 RATIO_LEVELS = ("token", "sequence", "sequence_token")
-"""Where the importance ratio is taken (``agent_rl.losses.log_importance_weights``)."""
+"""Where the importance ratio is taken (``agent_rl.core.losses.log_importance_weights``)."""
 LOSS_AGGS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
-"""How token losses are averaged into the batch loss (``agent_rl.losses.aggregate``)."""
+"""How token losses are averaged into the batch loss (``agent_rl.core.losses.aggregate``)."""
 KL_ESTIMATORS = ("k1", "k2", "k3")
-"""Estimators of the KL to the reference (``agent_rl.losses.kl_penalty``)."""
+"""Estimators of the KL to the reference (``agent_rl.core.losses.kl_penalty``)."""
 
 LOSS_KWARGS = ("ratio_level", "clip_low", "clip_high", "cispo_cap", "loss_agg", "norm_length")
-"""Keys ``algo.loss_kwargs`` may override on top of the loss preset (``agent_rl.losses.policy_loss``)."""
+"""Keys ``algo.loss_kwargs`` may override on top of the loss preset (``agent_rl.core.losses.policy_loss``)."""
 
 KEY_KINDS = ("state", "observation", "fingerprint", "similarity", "context")
 """The kinds of anchor key (``env.anchor_key``; ``agent_rl.anchors.compute_anchor_keys`` computes each); an
 environment names its default kind when it is registered."""
+
+EPISODE_MODES = ("grpo", "drgrpo", "rloo")
+"""Episode-level advantage estimators (``agent_rl.core.advantages.episode_advantages``)."""
+EPISODE_STATS = ("trajectory", "step")
+"""What the episode-level statistics are taken over: one return per trajectory or per step."""
+STEP_NORMALIZE = ("mean", "mean_std")
+"""How step-level advantages are normalized within their group."""
+STEP_CREDIT = ("none", "anchor", "graph")
+"""Step-level credit: none, ``anchor`` (GiGPO: each step's return-to-go against the other steps
+taken from the same anchor state, ``agent_rl.core.advantages.step_advantages``) or ``graph`` (each
+step's progress towards a goal in the group's state graph, ``agent_rl.core.advantages.graph_advantages``)."""
