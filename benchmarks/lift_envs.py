@@ -72,23 +72,29 @@ DIALS = 4
 
 
 class Combination(gym.Env):
-    """Turn each of four dials up or down as its symbol demands; the lock opens only when all four
-    are right. An invalid action leaves the dial as it is and says so; 12 turns end the episode."""
+    """Turn each of ``dials`` dials (four by default) up or down as its symbol demands; the lock
+    opens only when all are right. An invalid action leaves the dial as it is and says so; 12 turns
+    end the episode."""
 
     observation_space = action_space = gym.spaces.Text(96, charset=string.printable)
     turns = ("up", "down")
     time_limit = 12
 
+    def __init__(self, dials: int = DIALS):
+        if not isinstance(dials, int) or dials < 1:
+            raise ValueError(f"dials must be a positive integer, got {dials!r}")
+        self.dials = dials
+
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
-        self.symbols = [SYMBOLS[int(i)] for i in self.np_random.integers(len(SYMBOLS), size=DIALS)]
+        self.symbols = [SYMBOLS[int(i)] for i in self.np_random.integers(len(SYMBOLS), size=self.dials)]
         self.dial = self.elapsed = 0
         self.all_right = True
         info = {"task": "Open the lock: turn each dial up or down.", "admissible_actions": list(self.turns)}
         return self._shows(), info
 
     def _shows(self) -> str:
-        return f"Dial {self.dial + 1} of {DIALS} shows {self.symbols[self.dial]}."
+        return f"Dial {self.dial + 1} of {self.dials} shows {self.symbols[self.dial]}."
 
     def step(self, action):
         self.elapsed += 1
@@ -97,7 +103,7 @@ class Combination(gym.Env):
         if valid:
             self.all_right &= action == TURN_OF_SYMBOL[self.symbols[self.dial]]
             self.dial += 1
-        if self.dial == DIALS:
+        if self.dial == self.dials:
             info["won"] = self.all_right
             return (
                 ("The lock opens." if self.all_right else "The lock stays shut."),

@@ -114,6 +114,20 @@ def test_the_combination_pays_only_four_right_turns_and_says_nothing_before():
     assert truncated and not info["won"]
 
 
+@pytest.mark.parametrize("dials", [1, 3])
+def test_a_combination_of_fewer_dials_opens_after_that_many_right_turns(dials):
+    env = gym.make("lift/Combination-v0", dials=dials)
+    check_text_env(env)
+    observation, _ = env.reset(seed=5)
+    for dial in range(dials):
+        assert observation.startswith(f"Dial {dial + 1} of {dials} shows ")
+        observation, reward, terminated, _, info = env.step(TURN_OF_SYMBOL[observation.split()[-1].rstrip(".")])
+    assert terminated and reward == 1.0 and info["won"] and observation == "The lock opens."
+    for bad in (0, -1, 2.5, "3"):
+        with pytest.raises(ValueError, match="dials must be a positive integer"):
+            gym.make("lift/Combination-v0", dials=bad)
+
+
 def test_every_case_is_a_valid_config():
     for case in (*lift.CASES, *lift.QUICK_CASES):
         config = case.config((f"trainer.iterations={case.iterations}",))

@@ -1,6 +1,7 @@
 """The default learner learns: from a random-action warm start, on the embedded model and the
 embedded learner settings (only sizes shrunk), a one-step contextual bandit whose answer cannot be
-copied, and a two-step task whose first action decides whether the second can win."""
+copied, a two-step task whose first action decides whether the second can win, and a three-step
+task with a hidden rule and one reward at the end."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ class TwoStep(gym.Env):
 gym.register("learning_test/TwoStep-v0", entry_point=TwoStep)
 
 
-def _train(run_dir, env_id: str, iterations: int) -> list[dict]:
+def _train(run_dir, env_id: str, iterations: int, *extra: str) -> list[dict]:
     train(
         load_config(
             overrides=[
@@ -63,6 +64,7 @@ def _train(run_dir, env_id: str, iterations: int) -> list[dict]:
                 "sft.episodes=400",
                 "logging.console=false",
                 "logging.tensorboard=false",
+                *extra,
             ]
         )
     )
@@ -89,3 +91,23 @@ def test_a_two_step_task_is_learned_with_step_credit(tmp_path):
     assert records[0]["eval/greedy_success"] <= 0.5
     assert any(r.get("anchors/grouped_fraction", 0) > 0 for r in records[1:])
     assert records[-1]["eval/greedy_success"] >= 0.9, [r.get("eval/greedy_success") for r in records]
+
+
+@pytest.mark.slow
+def test_a_three_step_hidden_rule_with_one_reward_at_the_end_is_learned(tmp_path):
+    # Three dials, each turned up or down by a table the text never shows; the lock opens, and the
+    # one reward comes, only when all three are right (random play wins 1/8). The random-action warm
+    # start leaves the policy blind to the symbols, so every dial's credit comes from the final reward.
+    records = _train(
+        tmp_path / "combination",
+        "agent_rl.benchmarks.lift_envs:lift/Combination-v0",
+        10,
+        "env.kwargs={dials: 3}",
+        "rollout.history_turns=0",  # the observation shows the dial: no earlier turn is needed
+        "trainer.eval_every=1",
+        "trainer.target_success=0.9",  # confirmed on 128 held-out episodes before the run stops
+    )
+    assert records[0]["eval/greedy_success"] <= 0.5
+    assert all(r["rollout/return"] == r["rollout/success_rate"] for r in records[1:])  # the only reward: a win
+    last = records[-1]
+    assert last["eval/greedy_success"] >= 0.9, [r.get("eval/greedy_success") for r in records]
