@@ -371,6 +371,29 @@ def test_a_step_with_a_non_finite_gradient_is_skipped_and_counted(policy, poison
     assert all(torch.isfinite(p).all() for p in trained.parameters())
 
 
+def test_a_rank_dealt_no_row_of_a_minibatch_still_steps_with_the_others(policy, monkeypatch):
+    # Rank 1 of 2 with one learnable row: rank 0 forwards it; rank 1 forwards nothing, and must still
+    # join the gradient sum and the step (here the sum is stubbed: no process group in a unit test).
+    import agent_rl.training.loop.learner as learner_module
+    from agent_rl.training.infra.distributed import DistContext
+
+    model, _ = policy
+    prompts, responses, _ = _synthetic_rows(model.config.vocab_size, 2, seed=3)
+    config = resolve(load_config(overrides=["algo.loss=grpo", "algo.kl_coef=0", "engine=hf"]))
+    reduced = []
+    monkeypatch.setattr(learner_module, "all_reduce_gradients", lambda params, dist: reduced.append(dist.rank))
+    trained = copy.deepcopy(model)
+    learner = Learner(
+        trained, torch.optim.AdamW(trained.parameters(), lr=1e-2), config, np.random.default_rng(0), DistContext(1, 2)
+    )
+    old = [np.zeros(len(r), dtype=np.float32) for r in responses]
+    with Progress(disable=True) as progress:
+        metrics = learner.optimize(prompts, responses, old, np.array([1.0, 0.0]), progress)
+    assert reduced == [1] * config.optim.epochs  # one gradient sum per minibatch, as on rank 0
+    assert metrics["update/optimizer_steps"] == config.optim.epochs and metrics["update/active_rows"] == 0.0
+    assert metrics["update/loss"] == 0.0 and metrics["update/forwarded_tokens"] == 0.0
+
+
 def test_warmup_raises_the_learning_rate_linearly_then_holds_it():
     assert [warmup_lr(step, 1e-3, 4) for step in (1, 2, 4, 5, 100)] == pytest.approx([2.5e-4, 5e-4, 1e-3, 1e-3, 1e-3])
     assert warmup_lr(1, 1e-3, 0) == 1e-3

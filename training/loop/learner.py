@@ -140,8 +140,8 @@ def accumulate_policy_gradient(
         parts.append(out.metrics)
         losses.append(float(out.loss.detach()))
     metrics = combine_loss_metrics(parts, weights)  # weighted by the tokens each micro-batch stands for
-    if losses:
-        metrics["loss"] = sum(losses)  # each micro-batch's loss is its share of the minibatch's
+    # Each micro-batch's loss is its share of the minibatch's; a rank dealt no row adds 0 and still steps.
+    metrics["loss"] = float(sum(losses))
     metrics["active_rows"] = float(forwarded)
     metrics["repeated_rows"] = float(len(learnable) - len(active))
     metrics["forwarded_tokens"] = float(forwarded_count)
