@@ -8,6 +8,7 @@ import torch
 
 from agent_rl.config import ConfigError, load_config
 from agent_rl.core.losses import LossSpec
+from agent_rl.envs import AUTO_SFT_REASONS
 from agent_rl.training.infra import distributed
 from agent_rl.training.infra.distributed import bf16_supported, check_precision, forward_precision
 from agent_rl.training.loop.learner import accumulate_policy_gradient
@@ -198,3 +199,23 @@ def test_auto_precision_is_bf16_where_the_device_runs_it_and_the_run_records_the
 def test_an_unknown_precision_is_a_config_error():
     with pytest.raises(ConfigError, match="policy.precision"):
         load_config(overrides=["policy.precision=fp16"])
+
+
+def test_the_auto_choices_are_said_before_an_unusable_precision_is_refused(monkeypatch):
+    from agent_rl.training.infra.resolution import report_choices
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    said: list[str] = []
+    asked = load_config(overrides=["sft.mode=auto", "policy.precision=auto"])
+    chosen = load_config(overrides=["sft.mode=random", "policy.precision=fp32"])
+    report_choices(asked, chosen, CPU, said.append)
+    assert said == [
+        f"sft.mode=auto chose random: {AUTO_SFT_REASONS['random']}",
+        "policy.precision=auto chose fp32: cpu has no native bfloat16 matrix products",
+    ]
+    said.clear()
+    unusable = load_config(overrides=["sft.mode=random", "policy.precision=bf16"])
+    with pytest.raises(ConfigError, match="'policy.precision'.*AVX512-BF16"):
+        report_choices(asked, unusable, CPU, said.append)
+    assert len(said) == 2  # what was chosen is said first

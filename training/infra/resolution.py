@@ -85,19 +85,15 @@ def resolve(config: Config, make_env: Callable[[], Any] | None = None) -> Config
     return resolved
 
 
-def explain_choices(config: Config, resolved: Config, device: torch.device) -> list[str]:
-    """What :func:`resolve` chose for ``config``'s ``auto`` settings and why, one line each; raises
-    ``ConfigError`` when ``policy.precision`` cannot run on ``device``."""
-    lines = []
+def report_choices(config: Config, resolved: Config, device: torch.device, say: Callable[[str], Any]) -> None:
+    """Say (one line each) what :func:`resolve` chose for ``config``'s ``auto`` settings and why, then
+    raise ``ConfigError`` when ``policy.precision`` cannot run on ``device``."""
     if config.sft.mode == "auto":
-        lines.append(f"sft.mode=auto chose {resolved.sft.mode}: {envs.AUTO_SFT_REASONS[resolved.sft.mode]}")
+        say(f"sft.mode=auto chose {resolved.sft.mode}: {envs.AUTO_SFT_REASONS[resolved.sft.mode]}")
     if config.policy.precision == "auto":
         native = "runs" if resolved.policy.precision == "bf16" else "has no native"
-        lines.append(
-            f"policy.precision=auto chose {resolved.policy.precision}: {device} {native} bfloat16 matrix products"
-        )
+        say(f"policy.precision=auto chose {resolved.policy.precision}: {device} {native} bfloat16 matrix products")
     try:
         check_precision(resolved.policy.precision, device)
     except ValueError as exc:
         raise ConfigError(f"config key 'policy.precision': {exc}") from None
-    return lines

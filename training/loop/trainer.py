@@ -38,7 +38,7 @@ from agent_rl.training.infra.distributed import (
     shutdown_distributed,
 )
 from agent_rl.training.infra.logger import RunLogger, progress_bar, run_header
-from agent_rl.training.infra.resolution import explain_choices, resolve
+from agent_rl.training.infra.resolution import report_choices, resolve
 from agent_rl.training.loop.evaluation import evaluate_heldout, target_reached
 from agent_rl.training.loop.guards import FaultGuard
 from agent_rl.training.loop.learner import Learner
@@ -103,8 +103,7 @@ class Trainer:
         if cfg.trainer.torch_threads:
             torch.set_num_threads(cfg.trainer.torch_threads)
         device = next(model.parameters()).device
-        for choice in explain_choices(config, cfg, device):
-            self.console.print(choice)
+        report_choices(config, cfg, device, self.console.print)
         self.dist = init_distributed(device)
         if self.dist.enabled and not cfg.trainer.run_dir:
             raise ValueError("config key 'trainer.run_dir' must be set when training on several processes")
