@@ -47,10 +47,9 @@ def raise_stopped(signum: int, frame) -> None:
 
 def _how_to_go_on(run_dir: str | None) -> str:
     """What a stopped run saved and the command that continues it."""
-    from agent_rl.training.infra.checkpoint import how_to_go_on, saved_iteration
+    from agent_rl.training.infra.checkpoint import how_to_go_on
 
-    fresh = run_dir is None or saved_iteration(run_dir) is None
-    return how_to_go_on(run_dir) + ("; run the same command again to start over" if fresh else "")
+    return how_to_go_on(run_dir, "no checkpoint was saved yet; run the same command again to start over")
 
 
 def report_stop(name: str, exc: KeyboardInterrupt, how_to_go_on: str) -> int:

@@ -604,11 +604,12 @@ def saved_iteration(run_dir: str | Path) -> int | None:
     return _pointer_iteration(Path(run_dir) / CHECKPOINTS / "last.json")
 
 
-def how_to_go_on(run_dir: str | Path | None) -> str:
-    """What a stopped run in ``run_dir`` saved, and the command that continues it."""
+def how_to_go_on(run_dir: str | Path | None, nothing_saved: str = "no checkpoint was saved yet") -> str:
+    """What a stopped run in ``run_dir`` saved, and the command that continues it; ``nothing_saved``
+    before its first checkpoint."""
     saved = saved_iteration(run_dir) if run_dir else None
     if saved is None:
-        return "no checkpoint was saved yet"
+        return nothing_saved
     return f"the last checkpoint is iteration {saved}; continue with: {resume_command(run_dir)}"
 
 
