@@ -46,3 +46,23 @@ def test_the_benchmarks_are_installed_with_the_project_and_their_results_are_not
     assert "agent_rl.benchmarks" in setuptools_table["packages"]
     assert not [p for p in setuptools_table["packages"] if "results" in p]
     assert set(CLI_BENCHMARKS.values()) <= set(BENCHMARKS)
+
+
+def test_suite_time_sums_each_module_from_pytests_junit_xml(tmp_path):
+    from agent_rl.benchmarks.suite_time import by_module, seconds_by_test
+
+    junit = tmp_path / "junit.xml"
+    junit.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="tests.a.test_x" name="test_one" time="1.5"/>'
+        '<testcase classname="tests.a.test_x" name="test_two[grpo]" time="2.25"/>'
+        '<testcase classname="tests.test_y" name="test_three" time="4.0"><skipped/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    times = seconds_by_test(junit)
+    assert times == {
+        "tests/a/test_x.py::test_one": 1.5,
+        "tests/a/test_x.py::test_two[grpo]": 2.25,
+        "tests/test_y.py::test_three": 4.0,
+    }
+    assert list(by_module(times).items()) == [("tests/test_y.py", 4.0), ("tests/a/test_x.py", 3.8)]
