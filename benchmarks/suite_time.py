@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         times = seconds_by_test(junit) if junit.exists() else {}
     summary_line = next((line for line in reversed(run.stdout.splitlines()) if " in " in line), "")
     payload = {
-        "command": "python -m pytest " + " ".join(args.pytest_args),
+        "command": " ".join(["python -m pytest", *args.pytest_args]),
         "exit_code": run.returncode,
         "summary": summary_line.strip("= "),
         "wall_s": round(wall_s, 1),

@@ -82,8 +82,9 @@ def test_build_is_cached_reproducible_and_locked(tmp_path, monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), shared.state_dict().values()))
 
 
-def test_the_cache_key_digests_each_module_source_without_importing_the_environments():
-    # The same digest inspect.getsource gives (the key of every cache built before), read from the file.
+def test_the_cache_key_digests_each_module_source_without_importing_the_environments(monkeypatch):
+    # The digest inspect.getsource gives (the key of every cache built before), for an imported module
+    # and, read from its file, for one not imported (which stays so).
     import hashlib
     import importlib
     import inspect
@@ -91,8 +92,10 @@ def test_the_cache_key_digests_each_module_source_without_importing_the_environm
     import sys
 
     for name in ("agent_rl.envs.maze", "agent_rl.envs.textworld_env", "agent_rl.training.models.prompts"):
-        source = inspect.getsource(importlib.import_module(name))
-        assert embedded_module._source_digest(name) == hashlib.sha256(source.encode()).hexdigest()[:16]
+        expected = hashlib.sha256(inspect.getsource(importlib.import_module(name)).encode()).hexdigest()[:16]
+        assert embedded_module._source_digest(name) == expected
+        monkeypatch.delitem(sys.modules, name)
+        assert embedded_module._source_digest(name) == expected and name not in sys.modules
     with pytest.raises(ImportError):
         embedded_module._source_digest("agent_rl.envs.no_such_env")
     # A start that finds the policy in the cache does not import TextWorld (1.5 s of every start).

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import inspect
 import json
 import os
 import shutil
+import sys
 import tempfile
 import tokenize
 import warnings
@@ -95,15 +97,19 @@ def covered_envs(env_ids: list[str]) -> tuple[list[str], dict[str, str]]:
 
 
 def _source_digest(module_name: str) -> str:
-    """Digest of a module's source, read from its file without running it: the cache key is computed
-    at every start, and importing TextWorld's environment alone takes 1.5 s. ImportError when there
-    is no such module."""
-    spec = importlib.util.find_spec(module_name)
-    if spec is None:
-        raise ImportError(f"no module named {module_name!r}")
+    """Digest of a module's source. A module not imported yet is read from its file, not run: the
+    cache key is computed at every start, and importing TextWorld's environment alone takes 1.5 s
+    (an imported one, ``__main__`` say, is read as ``inspect`` finds it). ImportError when there is no
+    such module."""
     try:
-        with tokenize.open(spec.origin) as file:  # decoded as inspect.getsource decodes it
-            source = file.read()
+        if module_name in sys.modules:
+            source = inspect.getsource(sys.modules[module_name])
+        else:
+            spec = importlib.util.find_spec(module_name)
+            if spec is None:
+                raise ImportError(f"no module named {module_name!r}")
+            with tokenize.open(spec.origin) as file:  # decoded as inspect.getsource decodes it
+                source = file.read()
     except (OSError, SyntaxError, TypeError):  # no source available (compiled module): the name stands in
         source = module_name
     return hashlib.sha256(source.encode()).hexdigest()[:16]
