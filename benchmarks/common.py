@@ -20,10 +20,6 @@ RESULTS_DIR = (
 """Where results go unless ``--out`` says otherwise: ``benchmarks/results`` of the source checkout, or
 of the working directory when the benchmarks run from an installed package."""
 
-RESUME = ("--resume", "auto")
-"""How a benchmark starts each run: a run killed midway continues from its last checkpoint, one killed
-before its first checkpoint (or during a save) starts again; the command names the run directory."""
-
 
 def machine_info() -> dict[str, Any]:
     info: dict[str, Any] = {

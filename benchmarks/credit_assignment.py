@@ -34,18 +34,20 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from agent_rl.benchmarks.common import RESULTS_DIR, RESUME, machine_info, runs_stop_with_this_process, stopped
+from agent_rl.benchmarks.common import RESULTS_DIR, machine_info, stopped
 from agent_rl.benchmarks.credit_testbed import select_names
-from agent_rl.benchmarks.paired_stats import PairedDifference, adjust_family, mean_interval, paired_difference
+from agent_rl.benchmarks.harness import RunFailed, finished, run_jobs, thread_environment, train_command
+from agent_rl.benchmarks.paired_stats import PairedDifference, adjust_family, paired_difference
+from agent_rl.benchmarks.report import area_under, mean_plus_minus, plot_curves, plot_paired, seed_mean
 
 
 @dataclass(frozen=True)
@@ -200,10 +202,6 @@ class MixedSettingsError(RuntimeError):
     """A results directory holds a run trained with settings other than the grid's."""
 
 
-class CellFailed(RuntimeError):
-    """An ``agent-rl train`` process of the grid exited with an error."""
-
-
 # ---- jobs, settings and the gate ------------------------------------------------------------------
 
 
@@ -225,7 +223,7 @@ class Job:
 
     @property
     def done(self) -> bool:
-        return (self.run_dir / "DONE").exists()
+        return finished(self.run_dir, self.iterations)
 
     @property
     def lacks_model(self) -> bool:
@@ -233,7 +231,7 @@ class Job:
         (checkpoints are not committed): the seed's cells still to train need it trained again."""
         return self.method is None and self.done and not (self.run_dir / "checkpoints").is_dir()
 
-    @property
+    @cached_property
     def iterations(self) -> int:
         return 0 if self.method is None else config_of(self).trainer.iterations
 
@@ -256,7 +254,10 @@ class Job:
             from agent_rl.training.infra import checkpoint
 
             overrides.append(f"policy={checkpoint.find_checkpoint(self.warm_start.run_dir, 'sft').model_dir}")
-        return [sys.executable, "-m", "agent_rl.cli", "train", *RESUME, *overrides]
+        return train_command(overrides)
+
+    def environment(self) -> dict[str, str]:
+        return thread_environment(1)
 
 
 def config_of(job: Job):
@@ -436,7 +437,7 @@ def adopt_rebuild(job: Job) -> None:
         return {key: value for key, value in read_metrics(run_dir)[0].items() if key.startswith("eval/")}
 
     if evaluation(job.run_dir) != evaluation(job.rebuilds.run_dir):
-        raise CellFailed(
+        raise RunFailed(
             f"{job.name} was trained again (its checkpoint was not there), and its iteration-0 evaluation "
             f"differs from the one recorded in {job.rebuilds.run_dir}: the seed's cells would not share one "
             "warm start. Retrain the whole seed: delete its warm start's and cells' directories."
@@ -448,90 +449,45 @@ def adopt_rebuild(job: Job) -> None:
 def run_grid(jobs: dict[str, list[Job]], *, workers: int, gate_points: float, progress) -> dict[str, Gate]:
     """Train every job not done yet, ``workers`` at a time; after each environment's pilot, its gate
     decides whether the rest of that environment runs. Returns the gates."""
-    from agent_rl.training.infra.logger import read_metrics
-
     for job in (job for env_jobs in jobs.values() for job in env_jobs):
         check_settings(job)  # before anything trains, so a mismatch costs nothing
-    units = {id(job): job.iterations + 1 for env_jobs in jobs.values() for job in env_jobs}  # iteration 0 counts
-    planned = sum(units.values())
-    pending = {name: [job for job in env_jobs if not job.done] for name, env_jobs in jobs.items()}
-    for name, env_pending in pending.items():
-        rebuilds = rebuilds_needed(env_pending)
-        units.update({id(job): 1 for job in rebuilds})
-        planned += len(rebuilds)
-        pending[name] = launch_order(rebuilds + env_pending)
-    overall = progress.add_task("grid (iterations of all runs)", total=planned)
-    progress.advance(overall, sum(units[id(job)] for env_jobs in jobs.values() for job in env_jobs if job.done))
-    gates: dict[str, Gate] = {}
-    running: dict[int, tuple[Job, subprocess.Popen, Any]] = {}
-    credited: dict[int, int] = {}  # iterations of a running job counted in the overall bar
+    gates = finished_gates(jobs, gate_points)
+    order = []
+    for env_jobs in jobs.values():
+        pending = [job for job in env_jobs if not job.done]
+        order += launch_order(rebuilds_needed(pending) + env_jobs)
 
     def ready(job: Job) -> bool:
         pilot = pilot_of(jobs[job.env.name])
-        gated = (
-            job.env.gated and job is not pilot and not (job.method is None and job.seed == pilot.seed)
-        )  # pilot's warm start
+        pilots_warm_start = job.method is None and job.seed == pilot.seed
+        gated = job.env.gated and job is not pilot and not pilots_warm_start
         warm = job.warm_start
         return (warm is None or (warm.done and not warm.lacks_model)) and (not gated or job.env.name in gates)
 
-    def settle(name: str) -> None:
-        """Judge a finished pilot; a failed gate drops the environment's remaining jobs."""
-        nonlocal planned
-        if name not in gates and pilot_of(jobs[name]).done:
-            gates[name] = finished_gates({name: jobs[name]}, gate_points)[name]
-            if not gates[name].passed and gates[name].binding:
-                planned -= sum(units[id(job)] for job in pending[name])
-                progress.update(overall, total=planned)
-                pending[name] = []
+    def wanted(job: Job) -> bool:
+        gate = gates.get(job.env.name)
+        return gate is None or gate.passed or not gate.binding
 
-    for name in jobs:
-        settle(name)
-    with runs_stop_with_this_process(lambda: [process for _, process, _ in running.values()]):
-        while any(pending.values()) or running:
-            for name in pending:
-                while len(running) < workers:
-                    job = next((job for job in pending[name] if ready(job) and id(job) not in running), None)
-                    if job is None:
-                        break
-                    check_settings(job, record=True)
-                    with (job.run_dir / "train.log").open("a") as log:
-                        process = subprocess.Popen(
-                            job.command(),
-                            stdout=log,
-                            stderr=subprocess.STDOUT,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"},
-                        )
-                    running[id(job)] = (job, process, progress.add_task(f"  {job.name}", total=units[id(job)]))
-            time.sleep(1.0)
-            for key, (job, process, task) in list(running.items()):
-                exit_code = process.poll()
-                logged = units[key] if exit_code == 0 else min(len(read_metrics(job.run_dir)), units[key] - 1)
-                progress.advance(overall, logged - credited.get(key, 0))
-                progress.update(task, completed=logged)
-                credited[key] = logged
-                if exit_code is None:
-                    continue
-                if exit_code != 0:
-                    raise CellFailed(f"{job.name} failed (exit code {exit_code}); its log: {job.run_dir / 'train.log'}")
-                if job.rebuilds is not None:
-                    adopt_rebuild(job)
-                else:
-                    (job.run_dir / "DONE").touch()
-                progress.remove_task(task)
-                del running[key]
-                pending[job.env.name].remove(job)
-                settle(job.env.name)
+    def on_finish(job: Job) -> None:
+        if job.rebuilds is not None:
+            adopt_rebuild(job)
+        if job is pilot_of(jobs[job.env.name]):
+            gates.update(finished_gates({job.env.name: jobs[job.env.name]}, gate_points))
+
+    run_jobs(
+        order,
+        workers=workers,
+        progress=progress,
+        title="grid",
+        ready=ready,
+        wanted=wanted,
+        on_start=lambda job: check_settings(job, record=True),
+        on_finish=on_finish,
+    )
     return gates
 
 
 # ---- summaries -----------------------------------------------------------------------------------------
-
-
-def area_under(iterations: np.ndarray, values: np.ndarray) -> float:
-    """Mean height of the piecewise-linear curve through the points (the AUC over the iteration span)."""
-    if len(values) < 2:
-        return float(values[0]) if len(values) else 0.0
-    return float(np.trapezoid(values, iterations) / (iterations[-1] - iterations[0]))
 
 
 def cell_summary(records: list[dict]) -> dict[str, Any]:
@@ -598,11 +554,7 @@ def summarize(jobs: dict[str, list[Job]], gates: dict[str, Gate], gate_points: f
             if seeds:
                 for key in (*PAIRED_METRICS, "grouped_fraction", "mean_anchor_group_size", "credit_share_of_iteration"):
                     values = [s[key] for s in seeds.values() if s[key] is not None]
-                    result[key] = (
-                        {**dict(zip(("mean", "ci95"), mean_interval(np.array(values)))), "n": len(values)}
-                        if values
-                        else None
-                    )
+                    result[key] = seed_mean(values) if values else None
                 curves = np.array([s["sampled_success"] for s in seeds.values()])
                 result["curve"] = {
                     "iterations": next(iter(seeds.values()))["iterations"],
@@ -662,12 +614,6 @@ def summarize(jobs: dict[str, list[Job]], gates: dict[str, Gate], gate_points: f
     return summary
 
 
-def _points(x: dict | None) -> str:
-    if x is None:
-        return "-"
-    return f"{100 * x['mean']:.1f}" + (f" ± {100 * x['ci95']:.1f}" if x["n"] > 1 else " (one seed)")
-
-
 def write_markdown(summary: dict[str, Any], path: Path) -> None:
     lines = ["# Trajectory-only vs step-level credit (LLM policy)", ""]
     for name, env in summary.items():
@@ -710,8 +656,9 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
                 versus = "- | - | - | - | -"
             grouped = "-" if r["grouped_fraction"] is None else f"{100 * r['grouped_fraction']['mean']:.0f}%"
             lines.append(
-                f"| {method} | {len(r['seeds'])} | {_points(r['sampled_auc'])} | {versus} | "
-                f"{_points(r['final_sampled_success'])} | {_points(r['final_invalid_rate'])} | {grouped} | "
+                f"| {method} | {len(r['seeds'])} | {mean_plus_minus(r['sampled_auc'])} | {versus} | "
+                f"{mean_plus_minus(r['final_sampled_success'])} | {mean_plus_minus(r['final_invalid_rate'])} | "
+                f"{grouped} | "
                 f"{100 * r['credit_share_of_iteration']['mean']:.2f}% |"
             )
         primary = {m: r["paired"]["primary"] for m, r in env["methods"].items() if "primary" in r.get("paired", {})}
@@ -754,55 +701,32 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+PLOTTED = ("per_seed", "mean", "ci_low", "ci_high")
+
+
 def plot(summary: dict[str, Any], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """Per environment, ``success_<env>.png`` (sampled and greedy success of each method over its seeds)
+    and ``paired_<env>.png`` (each method's per-seed sampled-AUC difference from the baseline)."""
     for name, env in summary.items():
         methods = {m: r for m, r in env["methods"].items() if r["seeds"]}
         if not methods:
             continue
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
-        for method, r in methods.items():
-            for ax, key in zip(axes, ("sampled", "greedy")):
-                curves = np.array([s[f"{key}_success"] for s in r["seeds"].values()])
-                x = r["curve"]["iterations"]
-                ax.plot(x, curves.mean(0), marker="o", label=f"{method} ({len(curves)} seeds)")
-                if len(curves) > 1:
-                    half = np.array([mean_interval(curves[:, i])[1] for i in range(curves.shape[1])])
-                    ax.fill_between(x, curves.mean(0) - half, curves.mean(0) + half, alpha=0.15)
-        for ax, key in zip(axes, ("sampled", "greedy")):
-            ax.set_xlabel("iteration")
-            ax.set_title(f"{key} success, held-out episodes")
-            ax.grid(alpha=0.3)
-        axes[0].set_ylabel("success (mean over seeds, 95% CI)")
-        axes[0].legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / f"success_{name}.png", dpi=110)
-        plt.close(fig)
-        paired = {m: r["paired"]["sampled_auc"] for m, r in methods.items() if r.get("paired")}
-        if not paired:
-            continue
-        fig, ax = plt.subplots(figsize=(7.5, 0.9 + 0.6 * len(paired)))
-        for row, (method, d) in enumerate(paired.items()):
-            ax.scatter(100 * np.array(d["per_seed"]), np.full(len(d["per_seed"]), row), color="0.5", s=14, zorder=2)
-            ax.errorbar(
-                100 * d["mean"],
-                row,
-                xerr=[[100 * (d["mean"] - d["ci_low"])], [100 * (d["ci_high"] - d["mean"])]],
-                fmt="o",
-                color="C0",
-                capsize=4,
-                zorder=3,
-            )
-        ax.axvline(0, color="k", lw=0.8)
-        ax.set_yticks(range(len(paired)), list(paired))
-        ax.set_xlabel(f"sampled-success AUC minus {env['baseline']}'s (points): seeds, mean and 95% CI")
-        fig.tight_layout()
-        fig.savefig(out / f"paired_{name}.png", dpi=110)
-        plt.close(fig)
+        panels = {
+            f"{kind} success, held-out episodes": {
+                method: (r["curve"]["iterations"], [s[f"{kind}_success"] for s in r["seeds"].values()])
+                for method, r in methods.items()
+            }
+            for kind in ("sampled", "greedy")
+        }
+        plot_curves(out / f"success_{name}.png", panels, "success (mean over seeds, 95% CI)")
+        paired = {
+            method: {key: np.multiply(100, r["paired"]["sampled_auc"][key]) for key in PLOTTED}
+            for method, r in methods.items()
+            if r.get("paired")
+        }
+        if paired:
+            xlabel = f"sampled-success AUC minus {env['baseline']}'s (points): seeds, mean and 95% CI"
+            plot_paired(out / f"paired_{name}.png", paired, xlabel)
 
 
 # ---- command line ----------------------------------------------------------------------------------------
@@ -876,7 +800,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             with Progress(*columns) as progress:
                 gates = run_grid(jobs, workers=args.workers, gate_points=args.gate, progress=progress)
-    except (MixedSettingsError, CellFailed) as exc:
+    except (MixedSettingsError, RunFailed) as exc:
         print(f"credit_assignment: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:

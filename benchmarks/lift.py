@@ -25,18 +25,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from agent_rl.benchmarks.common import RESULTS_DIR, RESUME, machine_info, runs_stop_with_this_process, stopped
+from agent_rl.benchmarks.common import RESULTS_DIR, machine_info, stopped
+from agent_rl.benchmarks.harness import RunFailed, finished, run_jobs, thread_environment, train_command
 from agent_rl.benchmarks.paired_stats import PairedDifference, adjust_family, mean_interval, paired_difference
+from agent_rl.benchmarks.report import mean_with_interval, percent, plot_curves, plot_paired, signed_points
 
 OUT_DIR = RESULTS_DIR / "lift"
 REACH = 0.95
@@ -265,39 +264,45 @@ shrink them); its torch threads come from the case (``Case.threads``)."""
 
 @dataclass(frozen=True)
 class Run:
+    """One (case, seed): a :class:`~agent_rl.benchmarks.harness.Job`."""
+
     case: Case
     seed: int
     run_dir: Path
     settings: tuple[str, ...] = ()
     """Overrides on top of the case's (``--set``)."""
+    engine: str = "auto"
+
+    @property
+    def name(self) -> str:
+        return f"{self.case.name} seed {self.seed}"
+
+    @property
+    def iterations(self) -> int:
+        return self.case.iterations
 
     @property
     def done(self) -> bool:
-        return (self.run_dir / "DONE").exists()
+        return finished(self.run_dir, self.iterations)
 
-    def command(self, engine: str) -> list[str]:
-        recipe = ["--config", self.case.recipe] if self.case.recipe else []
-        return [
-            sys.executable,
-            "-m",
-            "agent_rl.cli",
-            "train",
-            *RESUME,
-            *recipe,
-            *COMMON,
-            self.case.threads_override,
-            f"engine={engine}",
-            *self.case.overrides,
-            *self.settings,
-            f"trainer.iterations={self.case.iterations}",
-            f"trainer.eval_every={self.case.eval_every}",
-            f"trainer.seed={self.seed}",
-            f"trainer.run_dir={self.run_dir}",
-        ]
+    def command(self) -> list[str]:
+        return train_command(
+            [
+                *COMMON,
+                self.case.threads_override,
+                f"engine={self.engine}",
+                *self.case.overrides,
+                *self.settings,
+                f"trainer.iterations={self.case.iterations}",
+                f"trainer.eval_every={self.case.eval_every}",
+                f"trainer.seed={self.seed}",
+                f"trainer.run_dir={self.run_dir}",
+            ],
+            self.case.recipe,
+        )
 
     def environment(self) -> dict[str, str]:
-        """The run's process environment: OpenMP pinned to the case's thread count, or left as is."""
-        return {**os.environ, "OMP_NUM_THREADS": str(self.case.threads)} if self.case.threads else dict(os.environ)
+        return thread_environment(self.case.threads)
 
 
 def seeds_present(out: Path, case: Case) -> int:
@@ -307,59 +312,20 @@ def seeds_present(out: Path, case: Case) -> int:
 
 
 def plan(
-    cases: tuple[Case, ...], seeds: int | None, out: Path, settings: tuple[str, ...] = (), first_seed: int = 0
+    cases: tuple[Case, ...],
+    seeds: int | None,
+    out: Path,
+    settings: tuple[str, ...] = (),
+    first_seed: int = 0,
+    engine: str = "auto",
 ) -> list[Run]:
     """Every (case, seed) run: ``seeds`` per case, or each case's own count when None, from ``first_seed``
     (fresh seeds confirm a setting that was chosen by looking at others)."""
     return [
-        Run(case, seed, out / "runs" / case.name / f"seed{seed}", settings)
+        Run(case, seed, out / "runs" / case.name / f"seed{seed}", settings, engine)
         for case in cases
         for seed in range(first_seed, first_seed + (case.seeds if seeds is None else seeds))
     ]
-
-
-def run_all(runs: list[Run], *, workers: int, engine: str, progress) -> None:
-    """Train every run not done yet, ``workers`` at a time; a failed run stops the others."""
-    from agent_rl.training.infra.logger import read_metrics
-
-    pending = [run for run in runs if not run.done]
-    overall = progress.add_task("lift (iterations of all runs)", total=sum(r.case.iterations + 1 for r in runs))
-    progress.advance(overall, sum(r.case.iterations + 1 for r in runs if r.done))
-    running: list[tuple[Run, subprocess.Popen, Any]] = []
-    with runs_stop_with_this_process(lambda: [process for _, process, _ in running]):
-        while pending or running:
-            while pending and len(running) < workers:
-                run = pending.pop(0)
-                run.run_dir.mkdir(parents=True, exist_ok=True)
-                with (run.run_dir / "train.log").open("a") as log:
-                    process = subprocess.Popen(
-                        run.command(engine), stdout=log, stderr=subprocess.STDOUT, env=run.environment()
-                    )
-                running.append(
-                    (
-                        run,
-                        process,
-                        progress.add_task(f"  {run.case.name} seed {run.seed}", total=run.case.iterations + 1),
-                    )
-                )
-            time.sleep(1.0)
-            for entry in list(running):
-                run, process, task = entry
-                progress.update(
-                    task, completed=len(read_metrics(run.run_dir)) if (run.run_dir / "metrics.jsonl").exists() else 0
-                )
-                code = process.poll()
-                if code is None:
-                    continue
-                if code != 0:
-                    raise RuntimeError(
-                        f"{run.case.name} seed {run.seed} failed (exit code {code}); its log: "
-                        f"{run.run_dir / 'train.log'}"
-                    )
-                (run.run_dir / "DONE").touch()
-                progress.advance(overall, run.case.iterations + 1)
-                progress.remove_task(task)
-                running.remove(entry)
 
 
 # ---- summaries -----------------------------------------------------------------------------------------
@@ -515,24 +481,6 @@ def _verdict(met: bool | None) -> str:
     return "not judged (fewer seeds than the case's)" if met is None else ("yes" if met else "no")
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None or np.isnan(x) else f"{100 * x:.1f}%"
-
-
-def _points(x: float) -> str:
-    return "-" if np.isnan(x) else f"{x:+.1f}"
-
-
-def _interval(i: dict[str, float]) -> str:
-    """A lift's mean and interval in points; "-" when the runs did not measure it (no sampled evaluation),
-    and no interval from a single seed."""
-    if np.isnan(i["mean"]):
-        return "-"
-    if i["n"] < 2:
-        return f"{i['mean']:+.1f} (one seed, no interval)"
-    return f"{i['mean']:+.1f} [{i['ci_low']:+.1f}, {i['ci_high']:+.1f}]"
-
-
 def write_markdown(summary: dict[str, Any], path: Path) -> None:
     lines = [
         "# What RL adds (`agent-rl bench lift`)",
@@ -548,9 +496,10 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
     for c in summary["cases"]:
         g, s = c["greedy_lift"], c["sampled_lift"]
         lines.append(
-            f"| {c['case']} | {c['seeds']} | {_pct(c['random_play_success'])} | {_pct(c['start_greedy']['mean'])} -> "
-            f"{_pct(c['final_greedy']['mean'])} | {_interval(g)} | "
-            f"{_pct(c['start_sampled']['mean'])} -> {_pct(c['final_sampled']['mean'])} | {_interval(s)} | "
+            f"| {c['case']} | {c['seeds']} | {percent(c['random_play_success'])} | "
+            f"{percent(c['start_greedy']['mean'])} -> {percent(c['final_greedy']['mean'])} | {mean_with_interval(g)} | "
+            f"{percent(c['start_sampled']['mean'])} -> {percent(c['final_sampled']['mean'])} | "
+            f"{mean_with_interval(s)} | "
             f"{c['total_s']['mean'] / 60:.1f} | {c['goal']} | {_verdict(c['goal_met'])} |"
         )
     if summary.get("settings"):
@@ -578,7 +527,8 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
         for r in c["runs"]:
             curve = ", ".join(f"{100 * v:.1f}" for v in r["greedy_success"])
             lines.append(
-                f"- seed {r['seed']}: {curve} (lift {r['greedy_lift']:+.1f}; sampled {_points(r['sampled_lift'])}; "
+                f"- seed {r['seed']}: {curve} (lift {r['greedy_lift']:+.1f}; "
+                f"sampled {signed_points(r['sampled_lift'])}; "
                 f"warm start {r['warm_start_s'] / 60:.1f} of {r['total_s'] / 60:.1f} min)"
             )
         lines.append("")
@@ -586,46 +536,20 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
 
 
 def plot(summary: dict[str, Any], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cases = summary["cases"]
-    fig, axes = plt.subplots(1, len(cases), figsize=(3.2 * len(cases), 3.2), squeeze=False)
-    for ax, c in zip(axes[0], cases):
-        for r in c["runs"]:
-            ax.plot(r["iterations"], r["greedy_success"], color="C0", alpha=0.5, lw=1)
-            ax.plot(r["iterations"], r["sampled_success"], color="C1", alpha=0.5, lw=1, ls="--")
-        ax.set_title(c["case"], fontsize=9)
-        ax.set_ylim(-0.02, 1.02)
-        ax.set_xlabel("iteration")
-    axes[0][0].set_ylabel("held-out success (greedy solid, sampled dashed)")
-    fig.tight_layout()
-    fig.savefig(out / "curves.png", dpi=120)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(1.2 * len(cases) + 2, 3.2))
-    for i, c in enumerate(cases):
-        lifts = [r["greedy_lift"] for r in c["runs"]]
-        ax.scatter([i] * len(lifts), lifts, color="C0", zorder=3)
-        ax.errorbar(
-            i + 0.15,
-            c["greedy_lift"]["mean"],
-            yerr=[
-                [c["greedy_lift"]["mean"] - c["greedy_lift"]["ci_low"]],
-                [c["greedy_lift"]["ci_high"] - c["greedy_lift"]["mean"]],
-            ],
-            fmt="s",
-            color="k",
-            capsize=3,
-        )
-    ax.axhline(0, color="grey", lw=0.8)
-    ax.set_xticks(range(len(cases)), [c["case"] for c in cases], rotation=30, fontsize=8)
-    ax.set_ylabel("greedy RL lift (points)")
-    fig.tight_layout()
-    fig.savefig(out / "lifts.png", dpi=120)
-    plt.close(fig)
+    """``curves.png`` (greedy and sampled success of each case over its seeds) and ``lifts.png`` (each
+    seed's greedy lift with the mean and its interval)."""
+    panels = {
+        c["case"]: {
+            kind: (c["runs"][0]["iterations"], [r[f"{kind}_success"] for r in c["runs"]])
+            for kind in ("greedy", "sampled")
+        }
+        for c in summary["cases"]
+    }
+    plot_curves(out / "curves.png", panels, "held-out success")
+    lifts = {
+        c["case"]: {"per_seed": [r["greedy_lift"] for r in c["runs"]], **c["greedy_lift"]} for c in summary["cases"]
+    }
+    plot_paired(out / "lifts.png", lifts, "greedy RL lift (points): seeds, mean and 95% CI")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -675,13 +599,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     if args.first_seed < 0:
         parser.error("--first-seed must be >= 0")
-    runs = plan(cases, seeds, args.out, settings, args.first_seed)
+    runs = plan(cases, seeds, args.out, settings, args.first_seed, args.engine)
     if not args.report:
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns) as progress:
             try:
-                run_all(runs, workers=args.workers, engine=args.engine, progress=progress)
-            except RuntimeError as exc:
+                run_jobs(runs, workers=args.workers, progress=progress, title="lift")
+            except RunFailed as exc:
                 print(f"lift: error: {exc}", file=sys.stderr)
                 return 1
             except KeyboardInterrupt as exc:

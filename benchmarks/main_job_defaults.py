@@ -20,8 +20,9 @@ random numbers). No early stop: every run trains
 
 Outputs under ``--out`` (default ``benchmarks/results/main_job_defaults``): each run's
 ``metrics.jsonl`` and ``config.yaml`` (no checkpoints), ``summary.json`` with every curve and the
-paired differences of each arm against every arm listed before it, and ``curves.png``. Finished
-runs are skipped on a rerun.
+paired differences of each arm against every arm listed before it, and ``curves.png``. Runs go
+``--workers`` at a time as ``agent-rl train`` processes (``benchmarks/harness.py``): a finished run (its
+metrics log its last iteration) is skipped on a rerun, one stopped midway resumes from its checkpoint.
 """
 
 from __future__ import annotations
@@ -35,8 +36,11 @@ from pathlib import Path
 
 import numpy as np
 
-from agent_rl.benchmarks.common import RESULTS_DIR, machine_info
-from agent_rl.benchmarks.paired_stats import mean_interval, paired_difference
+from agent_rl.benchmarks.common import RESULTS_DIR, machine_info, stopped
+from agent_rl.benchmarks.harness import RunFailed, TrainRun, finished, run_jobs
+from agent_rl.benchmarks.paired_stats import paired_difference
+from agent_rl.benchmarks.report import area_under, plot_curves, seed_mean
+from agent_rl.config import DEFAULT_RECIPE
 
 COMMON = (
     "trainer.target_success=null",
@@ -149,70 +153,75 @@ from the seed's shared one (with ``--iterations 0`` they compare warm starts alo
 KNOWN_ARMS = {**ARMS, **WARM_START_ARMS}
 
 
-def mean_ci(values) -> dict[str, float]:
-    """Mean and the half-width of its 95% t-interval (0 for a single value)."""
-    mean, half = mean_interval(np.asarray(values, dtype=np.float64))
-    return {"mean": mean, "ci95": half, "n": len(values)}
-
-
-def warm_start(seed: int, args: argparse.Namespace) -> Path:
+def warm_start(seed: int, args: argparse.Namespace) -> TrainRun:
     """The seed's shared warm start, trained once: the main job's iteration 0 (``--warm-start
     default``) or ``WARM_START_BEFORE``'s."""
-    from agent_rl.config import DEFAULT_RECIPE, load_config
+    before = WARM_START_BEFORE if args.warm_start == "before" else ()
+    return TrainRun(
+        f"warm start / seed {seed}",
+        args.out / "warm_start" / f"seed{seed}",
+        (*COMMON, *before, f"engine={args.engine}", f"trainer.seed={seed}"),
+        0,
+        recipe=DEFAULT_RECIPE,
+        threads=args.threads,
+    )
+
+
+def sft_model(run: TrainRun) -> Path:
+    """The cloned model a finished warm start saved."""
     from agent_rl.training.infra import checkpoint
-    from agent_rl.training.loop.trainer import train
 
-    run_dir = args.out / "warm_start" / f"seed{seed}"
-    if not (run_dir / "DONE").exists():
-        shutil.rmtree(run_dir, ignore_errors=True)
-        before = WARM_START_BEFORE if args.warm_start == "before" else ()
-        train(
-            load_config(
-                DEFAULT_RECIPE,
-                [
-                    *COMMON,
-                    *before,
-                    f"engine={args.engine}",
-                    f"trainer.seed={seed}",
-                    f"trainer.run_dir={run_dir}",
-                    "trainer.iterations=0",
-                    f"trainer.torch_threads={args.threads}",
-                ],
+    return checkpoint.find_checkpoint(run.run_dir, "sft").model_dir
+
+
+def arm_run(arm: str, seed: int, args: argparse.Namespace) -> TrainRun:
+    """An arm's run of a seed: from the seed's shared warm start with cloning off, or (a warm-start arm)
+    from scratch with its own."""
+    shared = warm_start(seed, args)
+    start = None if arm in WARM_START_ARMS else (lambda: [f"policy={sft_model(shared)}", "sft.mode=none"])
+    return TrainRun(
+        f"{arm} / seed {seed}",
+        args.out / "runs" / arm / f"seed{seed}",
+        (
+            *COMMON,
+            *KNOWN_ARMS[arm],
+            f"engine={args.engine}",
+            f"trainer.seed={seed}",
+            f"trainer.eval_every={args.eval_every}",
+            f"trainer.eval_episodes={args.eval_episodes}",
+        ),
+        args.iterations,
+        recipe=DEFAULT_RECIPE,
+        threads=args.threads,
+        start=start,
+    )
+
+
+def run_arms(arms: list[str], args: argparse.Namespace, progress) -> None:
+    """Train every (arm, seed) not finished, ``--workers`` at a time, each learner arm once its seed's
+    shared warm start has saved its model; an arm's checkpoints are deleted once it has finished (its
+    metrics are the result)."""
+    runs = {arm_run(arm, seed, args): seed for seed in args.seeds for arm in arms}
+    shared = {seed: warm_start(seed, args) for seed in sorted({seed for run, seed in runs.items() if run.start})}
+    for seed, warm in shared.items():
+        waiting = [run.name for run, s in runs.items() if s == seed and run.start and not run_finished(run)]
+        if waiting and run_finished(warm) and not (warm.run_dir / "checkpoints").is_dir():
+            raise RunFailed(
+                f"{warm.run_dir} holds a finished warm start without its checkpoint (results are committed "
+                f"without checkpoints), which {', '.join(waiting)} start from: delete that directory to train it again"
             )
-        )
-        (run_dir / "DONE").touch()
-    return checkpoint.find_checkpoint(run_dir, "sft").model_dir
+    run_jobs(
+        [*shared.values(), *runs],
+        workers=args.workers,
+        progress=progress,
+        title="main-job arms",
+        ready=lambda run: run not in runs or not run.start or run_finished(shared[runs[run]]),
+        on_finish=lambda run: shutil.rmtree(run.run_dir / "checkpoints", ignore_errors=True) if run in runs else None,
+    )
 
 
-def run_arm(arm: str, seed: int, args: argparse.Namespace) -> list[dict]:
-    from agent_rl.config import DEFAULT_RECIPE, load_config
-    from agent_rl.training.infra.logger import read_metrics
-    from agent_rl.training.loop.trainer import train
-
-    run_dir = args.out / "runs" / arm / f"seed{seed}"
-    if not (run_dir / "DONE").exists():
-        start = [] if arm in WARM_START_ARMS else [f"policy={warm_start(seed, args)}", "sft.mode=none"]
-        shutil.rmtree(run_dir, ignore_errors=True)
-        train(
-            load_config(
-                DEFAULT_RECIPE,
-                [
-                    *COMMON,
-                    *KNOWN_ARMS[arm],
-                    f"engine={args.engine}",
-                    *start,
-                    f"trainer.seed={seed}",
-                    f"trainer.run_dir={run_dir}",
-                    f"trainer.iterations={args.iterations}",
-                    f"trainer.eval_every={args.eval_every}",
-                    f"trainer.eval_episodes={args.eval_episodes}",
-                    f"trainer.torch_threads={args.threads}",
-                ],
-            )
-        )
-        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-        (run_dir / "DONE").touch()
-    return read_metrics(run_dir)
+def run_finished(run: TrainRun) -> bool:
+    return finished(run.run_dir, run.iterations)
 
 
 def curve(records: list[dict]) -> dict[str, list[float]]:
@@ -237,9 +246,8 @@ def curve(records: list[dict]) -> dict[str, list[float]]:
 
 
 def auc(c: dict[str, list[float]]) -> float:
-    """Mean greedy success over the evaluated iterations (trapezoid, normalized to the span)."""
-    x, y = np.asarray(c["iteration"], dtype=float), np.asarray(c["greedy_success"], dtype=float)
-    return float(np.trapezoid(y, x) / (x[-1] - x[0])) if len(x) > 1 else float(y.mean())
+    """Mean greedy success over the evaluated iterations."""
+    return area_under(c["iteration"], c["greedy_success"])
 
 
 def summarize(curves: dict[str, dict[int, dict]], seeds: list[int]) -> dict:
@@ -248,12 +256,12 @@ def summarize(curves: dict[str, dict[int, dict]], seeds: list[int]) -> dict:
     for arm in arms:
         per_seed = curves[arm]
         summary[arm] = {
-            "final_greedy_success": mean_ci([per_seed[s]["greedy_success"][-1] for s in seeds]),
-            "auc_greedy_success": mean_ci([auc(per_seed[s]) for s in seeds]),
+            "final_greedy_success": seed_mean([per_seed[s]["greedy_success"][-1] for s in seeds]),
+            "auc_greedy_success": seed_mean([auc(per_seed[s]) for s in seeds]),
             "mean_curve": np.mean([per_seed[s]["greedy_success"] for s in seeds], axis=0).tolist(),
         }
         if all(per_seed[s].get("warm_start_s") is not None for s in seeds):
-            summary[arm]["warm_start_s"] = mean_ci([per_seed[s]["warm_start_s"] for s in seeds])
+            summary[arm]["warm_start_s"] = seed_mean([per_seed[s]["warm_start_s"] for s in seeds])
         for baseline in arms[: arms.index(arm)]:
             base = curves[baseline]
             finals = [[c[s]["greedy_success"][-1] for s in seeds] for c in (per_seed, base)]
@@ -267,27 +275,12 @@ def summarize(curves: dict[str, dict[int, dict]], seeds: list[int]) -> dict:
 
 
 def plot(curves: dict[str, dict[int, dict]], seeds: list[int], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(seeds) + 1, figsize=(3.2 * (len(seeds) + 1), 3.2), sharey=True)
-    for arm, per_seed in curves.items():
-        for ax, seed in zip(axes, seeds):
-            ax.plot(per_seed[seed]["iteration"], per_seed[seed]["greedy_success"], marker=".", label=arm)
-            ax.set_title(f"seed {seed}")
-        mean = np.mean([per_seed[s]["greedy_success"] for s in seeds], axis=0)
-        axes[-1].plot(per_seed[seeds[0]]["iteration"], mean, marker=".", label=arm)
-    axes[-1].set_title("mean over seeds")
-    for ax in axes:
-        ax.set_xlabel("iteration")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("greedy success, held-out mazes")
-    axes[-1].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    """Greedy success of each arm: the mean over ``seeds`` with its interval, and each seed's curve."""
+    series = {
+        arm: (per_seed[seeds[0]]["iteration"], [per_seed[s]["greedy_success"] for s in seeds])
+        for arm, per_seed in curves.items()
+    }
+    plot_curves(path, {"greedy success, held-out mazes": series}, "greedy success (mean over seeds, 95% CI)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -302,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--eval-episodes", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2, help="torch threads per run")
+    parser.add_argument("--workers", type=int, default=1, help="runs at a time (default 1)")
     parser.add_argument(
         "--warm-start",
         default="default",
@@ -312,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         "--engine", default="auto", choices=["auto", "hf", "vllm"], help="rollout engine (auto: vLLM when installed)"
     )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "main_job_defaults")
-    parser.add_argument("--summarize-only", action="store_true", help="write the summary of finished runs")
+    parser.add_argument("--summarize-only", action="store_true", help="summarize the finished runs; train nothing")
     args = parser.parse_args(argv)
     arms = args.arms.split(",")
     unknown = [a for a in arms if a not in KNOWN_ARMS]
@@ -320,17 +314,24 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown arm(s) {', '.join(unknown)}; known: {', '.join(KNOWN_ARMS)}")
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from agent_rl.training.infra.logger import read_metrics
+
     start = time.perf_counter()
+    if not args.summarize_only:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as p:
+            try:
+                run_arms(arms, args, p)
+            except RunFailed as exc:
+                print(f"main_job_defaults: error: {exc}", file=sys.stderr)
+                return 1
+            except KeyboardInterrupt as exc:
+                return stopped("main_job_defaults", exc)
     curves: dict[str, dict[int, dict]] = {arm: {} for arm in arms}
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as progress:
-        task = progress.add_task("runs", total=len(arms) * len(args.seeds))
+    for arm in arms:
         for seed in args.seeds:
-            for arm in arms:
-                progress.update(task, description=f"{arm} / seed {seed}")
-                done = (args.out / "runs" / arm / f"seed{seed}" / "DONE").exists()
-                if done or not args.summarize_only:
-                    curves[arm][seed] = curve(run_arm(arm, seed, args))
-                progress.advance(task)
+            run = arm_run(arm, seed, args)
+            if run_finished(run):
+                curves[arm][seed] = curve(read_metrics(run.run_dir))
     seeds = [s for s in args.seeds if all(s in curves[a] for a in arms)]
     payload = {
         "benchmark": "main_job_defaults",

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from agent_rl.benchmarks import credit_assignment as bench
+from agent_rl.benchmarks.report import area_under
 from agent_rl.cli import main as cli_main
 
 
@@ -47,7 +48,6 @@ def _records(iterations, sampled, greedy=None, invalid=0.1, length=9.0, grouped=
 def _write(run_dir: Path, records) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    (run_dir / "DONE").touch()
 
 
 def _write_cell(job, records) -> None:
@@ -58,10 +58,10 @@ def _write_cell(job, records) -> None:
 
 
 def test_area_under_is_the_mean_height_of_the_curve():
-    assert bench.area_under(np.array([0.0, 5, 10]), np.array([0.2, 0.4, 0.6])) == pytest.approx(0.4)
+    assert area_under(np.array([0.0, 5, 10]), np.array([0.2, 0.4, 0.6])) == pytest.approx(0.4)
     # Uneven spacing: (0 + 1) / 2 * 10 + 1 * 20 = 25 over 30 iterations.
-    assert bench.area_under(np.array([0.0, 10, 30]), np.array([0.0, 1.0, 1.0])) == pytest.approx(25 / 30)
-    assert bench.area_under(np.array([3.0]), np.array([0.7])) == pytest.approx(0.7)
+    assert area_under(np.array([0.0, 10, 30]), np.array([0.0, 1.0, 1.0])) == pytest.approx(25 / 30)
+    assert area_under(np.array([3.0]), np.array([0.7])) == pytest.approx(0.7)
 
 
 def test_pilot_gate_compares_the_last_two_evaluations_with_iteration_zero():
@@ -248,7 +248,7 @@ def test_a_warm_start_without_its_checkpoint_is_trained_again_and_must_match(tmp
     # One that logs another evaluation is refused: the seed's cells would not share a warm start.
     other = bench.Job(warm[0].env, 0, None, warm[0].run_dir / "rebuild", rebuilds=warm[0])
     _write(other.run_dir, _records([0], [0.5]))
-    with pytest.raises(bench.CellFailed, match="iteration-0 evaluation differs"):
+    with pytest.raises(bench.RunFailed, match="iteration-0 evaluation differs"):
         bench.adopt_rebuild(other)
 
 
@@ -329,7 +329,7 @@ def test_quick_grid_gate_report_resume_and_settings_check(tmp_path, capsys):
     assert run.returncode == 0, run.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())["results"]["maze"]
     assert summary["gate"]["passed"] is False and "no comparison was run" in (out / "summary.md").read_text()
-    assert sorted(p.parent.name for p in out.glob("runs/maze/*/seed*/DONE")) == ["seed0"]
+    assert [p.parent.parent.name for p in out.glob("runs/maze/*/seed*/metrics.jsonl")] == ["trajectory"]
     assert not (out / "runs/maze/gigpo-state").exists()  # nothing of a gated-out cell is written
     assert "paired" not in summary["methods"]["gigpo-state"]
     pilot = out / "runs/maze/trajectory/seed0/metrics.jsonl"
@@ -354,14 +354,18 @@ def test_quick_grid_gate_report_resume_and_settings_check(tmp_path, capsys):
     stamps = [p.stat().st_mtime_ns for p in sorted(out.glob("runs/maze/*/seed*/metrics.jsonl"))]
     assert cli_main(["bench", "credit", "--quick", "--gate", "-100", "--out", str(out)]) == 0
     assert [p.stat().st_mtime_ns for p in sorted(out.glob("runs/maze/*/seed*/metrics.jsonl"))] == stamps
-    # --report on a grid in progress: the finished cells only, nothing trained.
-    (out / "runs/maze/gigpo-state/seed1/DONE").unlink()
+    # --report on a grid in progress (a cell that has not logged its last iteration): the finished cells
+    # only, nothing trained.
+    unfinished = out / "runs/maze/gigpo-state/seed1/metrics.jsonl"
+    logged = unfinished.read_text()
+    unfinished.write_text("".join(logged.splitlines(keepends=True)[:-1]))
+    stamps = [p.stat().st_mtime_ns for p in sorted(out.glob("runs/maze/*/seed*/metrics.jsonl"))]
     assert bench.main(["--quick", "--report", "--gate", "-100", "--out", str(out)]) == 0
     partial = json.loads((out / "summary.json").read_text())["results"]["maze"]
     assert partial["gate"]["passed"] and list(partial["methods"]["gigpo-state"]["seeds"]) == ["0"]
     assert "paired" not in partial["methods"]["gigpo-state"]  # one paired seed is no statistic
     assert [p.stat().st_mtime_ns for p in sorted(out.glob("runs/maze/*/seed*/metrics.jsonl"))] == stamps
-    assert not (out / "runs/maze/gigpo-state/seed1/DONE").exists()
+    unfinished.write_text(logged)
     # A fresh clone of committed results has no checkpoints: a seed with a cell left to train gets its
     # warm start trained again, which must log the same iteration-0 evaluation, then the cell trains.
     import shutil
@@ -371,7 +375,8 @@ def test_quick_grid_gate_report_resume_and_settings_check(tmp_path, capsys):
     shutil.rmtree(out / "runs/maze/graph-state/seed1")
     warm_log = (out / "sft/maze/seed1/metrics.jsonl").read_text()
     assert bench.main(["--quick", "--gate", "-100", "--out", str(out)]) == 0
-    assert (out / "runs/maze/graph-state/seed1/DONE").exists() and (out / "sft/maze/seed1/checkpoints").is_dir()
+    assert bench.Job(bench.QUICK_GRID[0], 1, "graph-state", out / "runs/maze/graph-state/seed1").done
+    assert (out / "sft/maze/seed1/checkpoints").is_dir()
     assert not (out / "sft/maze/seed1/rebuild").exists() and not (out / "sft/maze/seed0/checkpoints").exists()
     assert (out / "sft/maze/seed1/metrics.jsonl").read_text() == warm_log
     settings = out / "runs/maze/gigpo-state/seed1/settings.json"

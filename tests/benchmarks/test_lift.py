@@ -146,19 +146,27 @@ def test_a_recipe_case_trains_with_its_recipe_and_its_own_seed_count(tmp_path):
         seeds=3,
     )
     assert case.config().env.id == "agent_rl/Sokoban-v0" and case.config().trainer.eval_sampled is False
-    runs = lift.plan((case, lift.CASES[0]), None, tmp_path)
+    runs = lift.plan((case, lift.CASES[0]), None, tmp_path, engine="hf")
     assert [(r.case.name, r.seed) for r in runs] == [
         ("r", 0),
         ("r", 1),
         ("r", 2),
         *(("say", k) for k in range(lift.SEEDS)),
     ]
-    command = runs[0].command("hf")
-    assert command[command.index("--config") + 1] == "sokoban" and "--config" not in runs[3].command("hf")
+    command = runs[0].command()
+    assert command[command.index("--config") + 1] == "sokoban" and "--config" not in runs[3].command()
+    assert "engine=hf" in command and "trainer.iterations=4" in command
     assert len(lift.plan((case,), 2, tmp_path)) == 2
     fresh = lift.plan((case,), 2, tmp_path, first_seed=5)
     assert [(r.seed, r.run_dir.name) for r in fresh] == [(5, "seed5"), (6, "seed6")]
-    assert "trainer.seed=5" in fresh[0].command("hf") and lift.seeds_present(tmp_path, case) == 0
+    assert "trainer.seed=5" in fresh[0].command() and lift.seeds_present(tmp_path, case) == 0
+    # A run is done once its metrics log its last iteration (4): nothing else marks it.
+    fresh[0].run_dir.mkdir(parents=True)
+    metrics = fresh[0].run_dir / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps({"iteration": k}) + "\n" for k in range(4)))
+    assert not fresh[0].done
+    metrics.write_text(metrics.read_text() + json.dumps({"iteration": 4}) + "\n")
+    assert fresh[0].done and not fresh[1].done
 
 
 def _processes_naming(text: str) -> list[int]:

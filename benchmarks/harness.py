@@ -1,0 +1,165 @@
+"""The one harness of the benchmarks that train: each run is an ``agent-rl train`` process (a :class:`Job`),
+:func:`run_jobs` starts them ``workers`` at a time with resume and per-job readiness, and a run is finished
+when its ``metrics.jsonl`` logs its last iteration (:func:`finished`): nothing else marks it, so committed
+results say by themselves which runs are complete."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Protocol, Sequence
+
+from agent_rl.benchmarks.common import runs_stop_with_this_process
+
+RESUME = ("--resume", "auto")
+"""How every run starts: one killed midway continues from its last checkpoint, one killed before its
+first checkpoint (or during a save) starts again; the command names the run directory."""
+
+
+class RunFailed(RuntimeError):
+    """A benchmark's ``agent-rl train`` process exited with an error, or without logging its last iteration."""
+
+
+def logged_iterations(run_dir: Path) -> int:
+    """How many iterations ``run_dir``'s ``metrics.jsonl`` logs (0 when it has none)."""
+    from agent_rl.training.infra.logger import read_metrics
+
+    return len({record["iteration"] for record in read_metrics(run_dir)})
+
+
+def finished(run_dir: Path, iterations: int) -> bool:
+    """Whether the run in ``run_dir`` logged its iterations 0 to ``iterations``."""
+    return logged_iterations(run_dir) > iterations
+
+
+def train_command(overrides: Sequence[str], recipe: str | None = None) -> list[str]:
+    """``agent-rl train`` with resume, the recipe (``--config``) when one is named, and ``overrides``."""
+    return [
+        sys.executable,
+        "-m",
+        "agent_rl.cli",
+        "train",
+        *RESUME,
+        *(("--config", recipe) if recipe else ()),
+        *overrides,
+    ]
+
+
+def thread_environment(threads: int | None) -> dict[str, str]:
+    """A run's process environment: OpenMP pinned to ``threads``, or left as it is (None: every core)."""
+    return {**os.environ, "OMP_NUM_THREADS": str(threads)} if threads else dict(os.environ)
+
+
+class Job(Protocol):
+    """What the harness needs of a run."""
+
+    name: str
+    run_dir: Path
+
+    @property
+    def iterations(self) -> int:
+        """Its ``trainer.iterations``: it is finished once ``metrics.jsonl`` logs that iteration."""
+
+    def command(self) -> list[str]:
+        """Its process' command line, built when it starts (it may name another run's checkpoint)."""
+
+    def environment(self) -> dict[str, str]: ...
+
+
+@dataclass(frozen=True)
+class TrainRun:
+    """A plain run: ``agent-rl train`` with these overrides, in ``run_dir``."""
+
+    name: str
+    run_dir: Path
+    overrides: tuple[str, ...]
+    """Config overrides, without ``trainer.iterations`` and ``trainer.run_dir`` (the run's own fields)."""
+    iterations: int
+    recipe: str | None = None
+    threads: int | None = 1
+    """Torch and OpenMP threads; None leaves every core to the run."""
+    start: Callable[[], Sequence[str]] | None = None
+    """Overrides computed when the run starts (e.g. ``policy=`` another run's warm start)."""
+
+    def command(self) -> list[str]:
+        started = tuple(self.start()) if self.start else ()
+        return train_command(
+            [
+                *self.overrides,
+                *started,
+                f"trainer.torch_threads={self.threads or 'null'}",
+                f"trainer.iterations={self.iterations}",
+                f"trainer.run_dir={self.run_dir}",
+            ],
+            self.recipe,
+        )
+
+    def environment(self) -> dict[str, str]:
+        return thread_environment(self.threads)
+
+
+def run_jobs(
+    jobs: Sequence[Job],
+    *,
+    workers: int,
+    progress,
+    title: str,
+    ready: Callable[[Job], bool] = lambda job: True,
+    wanted: Callable[[Job], bool] = lambda job: True,
+    on_start: Callable[[Job], None] = lambda job: None,
+    on_finish: Callable[[Job], None] = lambda job: None,
+) -> None:
+    """Train every job of ``jobs`` not finished yet, ``workers`` at a time, in their order: a job starts
+    once ``ready(job)`` (``on_start(job)`` just before), a pending one no longer ``wanted(job)`` is
+    dropped (a failed gate), and ``on_finish(job)`` runs when one has finished. A failed job stops the
+    others (:class:`RunFailed`); so does stopping the benchmark, each run saving a checkpoint its rerun
+    resumes from."""
+    pending = [job for job in jobs if not finished(job.run_dir, job.iterations)]
+    total = sum(job.iterations + 1 for job in jobs)
+    overall = progress.add_task(f"{title} (iterations of all runs)", total=total)
+    progress.advance(overall, total - sum(job.iterations + 1 for job in pending))
+    running: list[tuple[Job, subprocess.Popen, int]] = []
+    credited: dict[int, int] = {}  # iterations of a running job already counted in the overall bar
+
+    with runs_stop_with_this_process(lambda: [process for _, process, _ in running]):
+        while pending or running:
+            for job in [job for job in pending if not wanted(job)]:
+                pending.remove(job)
+                total -= job.iterations + 1
+                progress.update(overall, total=total)
+            starting = [job for job in pending if ready(job)][: workers - len(running)]
+            for job in starting:
+                pending.remove(job)
+                on_start(job)
+                job.run_dir.mkdir(parents=True, exist_ok=True)
+                with (job.run_dir / "train.log").open("a") as log:
+                    process = subprocess.Popen(
+                        job.command(), stdout=log, stderr=subprocess.STDOUT, env=job.environment()
+                    )
+                running.append((job, process, progress.add_task(f"  {job.name}", total=job.iterations + 1)))
+            if pending and not running:
+                raise RunFailed(f"no run can start: {pending[0].name} waits on a run that will not finish")
+            time.sleep(1.0)
+            for entry in list(running):
+                job, process, task = entry
+                logged = min(logged_iterations(job.run_dir), job.iterations + 1)
+                progress.advance(overall, logged - credited.get(id(job), 0))
+                progress.update(task, completed=logged)
+                credited[id(job)] = logged
+                code = process.poll()
+                if code is None:
+                    continue
+                if code != 0:
+                    raise RunFailed(f"{job.name} failed (exit code {code}); its log: {job.run_dir / 'train.log'}")
+                if not finished(job.run_dir, job.iterations):
+                    raise RunFailed(
+                        f"{job.name} exited without logging iteration {job.iterations}; its log: "
+                        f"{job.run_dir / 'train.log'}"
+                    )
+                progress.remove_task(task)
+                running.remove(entry)
+                on_finish(job)

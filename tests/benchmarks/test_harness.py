@@ -1,0 +1,110 @@
+"""The benchmark harness: finished-ness from metrics.jsonl, and the worker pool on processes that log at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from rich.progress import Progress
+
+from agent_rl.benchmarks import harness
+
+
+def _log(run_dir: Path, iterations) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"iteration": k}) + "\n" for k in iterations))
+
+
+def test_a_run_is_finished_once_its_metrics_log_its_last_iteration(tmp_path):
+    assert harness.logged_iterations(tmp_path) == 0 and not harness.finished(tmp_path, 0)
+    _log(tmp_path, [0, 1, 2])
+    assert harness.logged_iterations(tmp_path) == 3
+    assert harness.finished(tmp_path, 2) and not harness.finished(tmp_path, 3)
+    _log(tmp_path, [0, 1, 2, 1, 2])  # a resumed run logs the iterations after its checkpoint again
+    assert harness.logged_iterations(tmp_path) == 3 and not harness.finished(tmp_path, 3)
+
+
+@dataclass(eq=False)
+class FakeJob:
+    """A run whose process logs its iterations at once (``exit_code`` != 0: it fails; ``stop_at``: it
+    exits cleanly before its last iteration)."""
+
+    name: str
+    run_dir: Path
+    iterations: int = 2
+    exit_code: int = 0
+    stop_at: int | None = None
+
+    def command(self) -> list[str]:
+        last = self.iterations if self.stop_at is None else self.stop_at
+        lines = "".join(json.dumps({"iteration": k}) + "\n" for k in range(last + 1))
+        return [
+            sys.executable,
+            "-c",
+            f"import pathlib, sys; pathlib.Path({str(self.run_dir)!r}, 'metrics.jsonl').write_text({lines!r}); "
+            f"sys.exit({self.exit_code})",
+        ]
+
+    def environment(self) -> dict[str, str]:
+        return harness.thread_environment(1)
+
+
+def _run(jobs, workers: int = 2, **kwargs) -> None:
+    with Progress(disable=True) as progress:
+        harness.run_jobs(jobs, workers=workers, progress=progress, title="test", **kwargs)
+
+
+@pytest.fixture(autouse=True)
+def _no_waiting(monkeypatch):
+    monkeypatch.setattr(harness.time, "sleep", lambda seconds: None)
+
+
+def test_jobs_start_when_ready_in_order_skip_finished_ones_and_drop_unwanted_ones(tmp_path):
+    first, second, gated, dropped = (FakeJob(name, tmp_path / name) for name in ("first", "second", "gated", "dropped"))
+    _log(second.run_dir, [0, 1, 2])  # finished before: never started again
+    started, finished_order = [], []
+    _run(
+        [first, second, gated, dropped],
+        workers=1,
+        ready=lambda job: job is not gated or harness.finished(first.run_dir, first.iterations),
+        wanted=lambda job: job is not dropped or not harness.finished(first.run_dir, first.iterations),
+        on_start=lambda job: started.append(job.name),
+        on_finish=lambda job: finished_order.append(job.name),
+    )
+    assert started == finished_order == ["first", "gated"]  # one worker: "dropped" was unwanted by its turn
+    assert all(harness.finished(job.run_dir, 2) for job in (first, second, gated))
+    assert not dropped.run_dir.exists()
+    assert (first.run_dir / "train.log").exists()
+
+
+def test_a_failed_run_or_one_that_stops_early_stops_the_benchmark_naming_it(tmp_path):
+    with pytest.raises(harness.RunFailed, match=r"broken failed \(exit code 3\); its log: .*broken/train.log"):
+        _run([FakeJob("broken", tmp_path / "broken", exit_code=3)])
+    with pytest.raises(harness.RunFailed, match="short exited without logging iteration 2"):
+        _run([FakeJob("short", tmp_path / "short", stop_at=1)])
+    with pytest.raises(harness.RunFailed, match="no run can start: waiting waits on a run that will not finish"):
+        _run([FakeJob("waiting", tmp_path / "waiting")], ready=lambda job: False)
+
+
+def test_a_train_run_names_its_iterations_directory_threads_and_late_overrides(tmp_path):
+    run = harness.TrainRun(
+        "r", tmp_path / "r", ("env.id=x",), 3, recipe="maze", threads=None, start=lambda: ["policy=/m"]
+    )
+    command = run.command()
+    assert command[command.index("train") + 1 :] == [
+        "--resume",
+        "auto",
+        "--config",
+        "maze",
+        "env.id=x",
+        "policy=/m",
+        "trainer.torch_threads=null",
+        "trainer.iterations=3",
+        f"trainer.run_dir={tmp_path / 'r'}",
+    ]
+    assert run.environment() == dict(os.environ)  # every core
+    assert harness.TrainRun("r", tmp_path, (), 1, threads=2).environment()["OMP_NUM_THREADS"] == "2"
