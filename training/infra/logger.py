@@ -4,8 +4,10 @@ resolved config is saved as ``config.yaml``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,14 @@ _COLUMNS = (
     ("eval", "eval/greedy_success", "{:.2f}"),
 )
 _TIMES = ("rollout", "advantage", "update", "sync", "eval")
+
+
+@contextlib.contextmanager
+def timed(metrics: dict[str, float], key: str):
+    """Record the seconds the block took as ``metrics[key]``."""
+    start = time.perf_counter()
+    yield
+    metrics[key] = time.perf_counter() - start
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from rich.progress import Progress
 
-from agent_rl.config import Config
+from agent_rl.config import Config, OptimizerConfig
 from agent_rl.core.batch import StepBatch
 from agent_rl.core.losses import LossSpec, combine_loss_metrics
 from agent_rl.training.infra.checkpoint import load_model_weights
@@ -160,6 +160,17 @@ def no_step_metrics(learnable_rows: int, rows: int) -> dict[str, float]:
         "update/learnable_fraction": learnable_rows / rows,
         "update/forwarded_tokens": 0.0,
     }
+
+
+def adamw(model: torch.nn.Module, optim: OptimizerConfig) -> torch.optim.AdamW:
+    """AdamW over the parameters that train (all, or a LoRA model's adapters) with ``optim``'s settings."""
+    return torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=optim.lr,
+        betas=optim.betas,
+        eps=optim.adam_eps,
+        weight_decay=optim.weight_decay,
+    )
 
 
 class Learner:

@@ -15,7 +15,6 @@ collects rollouts, evaluates, logs and checkpoints; every rank learns on its sha
 
 from __future__ import annotations
 
-import contextlib
 import random
 import time
 from collections.abc import Callable
@@ -37,15 +36,15 @@ from agent_rl.training.infra.distributed import (
     resolve_device,
     shutdown_distributed,
 )
-from agent_rl.training.infra.logger import RunLogger, progress_bar, run_header
+from agent_rl.training.infra.logger import RunLogger, progress_bar, run_header, timed
 from agent_rl.training.infra.resolution import report_choices, resolve
 from agent_rl.training.loop.evaluation import evaluate_heldout, target_reached
 from agent_rl.training.loop.guards import FaultGuard
-from agent_rl.training.loop.learner import Learner
+from agent_rl.training.loop.learner import Learner, adamw
 from agent_rl.training.loop.rollout import collect_rollouts, rollout_metrics
 from agent_rl.training.loop.run_dir import open_run_dir
 from agent_rl.training.loop.sft import warm_start
-from agent_rl.training.models.policy import add_lora, is_lora
+from agent_rl.training.models.policy import with_lora
 from agent_rl.training.serving.engines import Engine, engine_from_config
 from agent_rl.training.serving.envpool import EnvFactory, env_factory, pool_from_config
 
@@ -54,14 +53,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-@contextlib.contextmanager
-def timed(metrics: dict[str, float], key: str):
-    """Record the seconds the block took as ``metrics[key]``."""
-    start = time.perf_counter()
-    yield
-    metrics[key] = time.perf_counter() - start
 
 
 class Trainer:
@@ -90,13 +81,7 @@ class Trainer:
         ``on_iteration(iteration, metrics)`` is called on the main process after every logged
         iteration (0 is the warm start and its evaluation)."""
         cfg = self.config = resolve(config, make_env)
-        if cfg.policy.lora_rank > 0 and not is_lora(model):
-            model = add_lora(
-                model,
-                rank=cfg.policy.lora_rank,
-                alpha=cfg.policy.lora_alpha,
-                target_modules=cfg.policy.lora_target_modules,
-            )
+        model = with_lora(model, cfg.policy)
         self.model, self.tokenizer, self.make_env = model.eval(), tokenizer, make_env  # eval: no dropout
         self.on_iteration = on_iteration
         self.console = console if console is not None else Console(quiet=not cfg.logging.console)
@@ -109,13 +94,7 @@ class Trainer:
             raise ValueError("config key 'trainer.run_dir' must be set when training on several processes")
         if not self.dist.is_main:
             self.console = Console(quiet=True)  # rank 0 reports for everyone
-        self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
-            lr=cfg.optim.lr,
-            betas=cfg.optim.betas,
-            eps=cfg.optim.adam_eps,
-            weight_decay=cfg.optim.weight_decay,
-        )
+        self.optimizer = adamw(model, cfg.optim)
         self.seed_stream = np.random.default_rng([cfg.trainer.seed, 1])
         self.learner = Learner(model, self.optimizer, cfg, np.random.default_rng([cfg.trainer.seed, 2]), self.dist)
         self.iteration = 0

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from agent_rl.config import PolicyConfig
 from agent_rl.training.models.embedded import EMBEDDED, embedded_policy_dir
 from agent_rl.training.models.gguf import gguf_policy_dir
 from agent_rl.training.models.known import KNOWN_MODELS, model_file
@@ -86,6 +87,14 @@ def is_lora(model: torch.nn.Module) -> bool:
     """Whether ``model`` carries peft adapters (only possible once peft is imported)."""
     peft = sys.modules.get("peft")
     return peft is not None and isinstance(model, peft.PeftModel)
+
+
+def with_lora(model: torch.nn.Module, policy: PolicyConfig) -> torch.nn.Module:
+    """``model`` with fresh LoRA adapters as ``policy`` (a :class:`PolicyConfig`) asks for them
+    (``lora_rank`` > 0) unless it carries adapters already; otherwise ``model`` itself."""
+    if policy.lora_rank <= 0 or is_lora(model):
+        return model
+    return add_lora(model, rank=policy.lora_rank, alpha=policy.lora_alpha, target_modules=policy.lora_target_modules)
 
 
 def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, target_modules: list[str]) -> torch.nn.Module:
