@@ -39,7 +39,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ import numpy as np
 
 from agent_rl.anchors import compute_anchor_keys
 from agent_rl.benchmarks.common import RESULTS_DIR, machine_info
-from agent_rl.benchmarks.paired_stats import mean_interval, paired_difference
+from agent_rl.benchmarks.paired_stats import PairedDifference, adjust_family, mean_interval, paired_difference
 from agent_rl.benchmarks.testbed import corridor  # noqa: F401  (registers testbed/KeyCorridor-v0)
 from agent_rl.benchmarks.testbed.exact import success_probability
 from agent_rl.benchmarks.testbed.explore import Tables, TaskGraph, build_tables, explore, replay_check
@@ -359,6 +359,34 @@ def _pool(workers: int):
 # ---- summary ----------------------------------------------------------------------------------------
 
 
+PRIMARY_MEASURE = "final_success"
+"""What the testbed's comparisons test, declared before its runs: each arm's exact success on its
+trained tasks after the last update, paired by seed against its baseline (``Arm.baseline``), in the
+``equal`` view. A tabular policy has no held-out task to play and its success is computed exactly
+(no sampling noise), so the exact final success stands where the LLM benchmarks use greedy held-out
+success. Every arm against its baseline in every environment run is one family, Holm-corrected
+(``paired_stats.adjust_family``); the ``raw`` view and the comparisons with ``Arm.reference`` are
+reported beside it and never called significant."""
+PRIMARY_VIEW = "equal"
+
+
+def add_primary(envs: dict[str, dict[str, Any]]) -> None:
+    """Give every primary comparison (each arm against its baseline in the primary view, in every
+    environment of ``envs``) its Holm-adjusted p-values, family interval and verdict."""
+    family = {
+        (env, arm): PairedDifference(**{f.name: entry["vs_baseline"][f.name] for f in fields(PairedDifference)})
+        for env, data in envs.items()
+        for arm, entry in data["views"][PRIMARY_VIEW].items()
+        if "vs_baseline" in entry
+    }
+    for (env, arm), adjusted in (adjust_family(family) if family else {}).items():
+        envs[env]["views"][PRIMARY_VIEW][arm]["primary"] = {
+            "measure": PRIMARY_MEASURE,
+            **adjusted.as_dict(),
+            "significant": adjusted.significant(),
+        }
+
+
 def summarize_env(results: dict[str, dict[str, ArmResult]], evaluations: list[int]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for view, arms in results.items():
@@ -443,6 +471,29 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
                     f"{r['raw_mean_abs_advantage']:.3f} |"
                 )
             lines.append("")
+    primary = [
+        (env, arm, r["vs_baseline"]["baseline"], r["primary"])
+        for env, data in summary["envs"].items()
+        for arm, r in data["views"][PRIMARY_VIEW].items()
+        if "primary" in r
+    ]
+    if primary:
+        lines += [
+            f"### Primary comparisons ({PRIMARY_MEASURE}, {PRIMARY_VIEW} view, Holm over the "
+            f"{primary[0][3]['family_size']} declared comparisons)",
+            "",
+            "| environment | arm | vs | difference (95% CI) | t p | Holm t p | Holm Wilcoxon p | family interval "
+            "| verdict |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for env, arm, baseline, d in primary:
+            verdict = ("better" if d["mean"] > 0 else "worse") if d["significant"] else "no difference shown"
+            lines.append(
+                f"| {env} | {arm} | {baseline} | {100 * d['mean']:+.1f} [{100 * d['ci_low']:+.1f}, "
+                f"{100 * d['ci_high']:+.1f}] | {d['t_p']:.2g} | {d['holm_t_p']:.2g} | {d['holm_wilcoxon_p']:.2g} | "
+                f"[{100 * d['adjusted_ci_low']:+.1f}, {100 * d['adjusted_ci_high']:+.1f}] | {verdict} |"
+            )
+        lines.append("")
     path.write_text("\n".join(lines))
 
 
@@ -600,6 +651,7 @@ def run(settings: Settings, out: Path, progress=None) -> dict[str, Any]:
             "views": summarize_env(results, evaluations),
         }
         _WORKER_STATE.clear()
+    add_primary(summary["envs"])
     summary["wall_s"] = time.perf_counter() - start
     summary["cpu_s"] = sum(os.times()[:4]) - cpu_start
     summary["machine"] = machine_info()

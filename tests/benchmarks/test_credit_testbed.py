@@ -273,7 +273,23 @@ def test_quick_run_writes_sane_outputs(tmp_path):
                     finals = np.array(r["per_seed_final_success"]) - np.array(arms[reference]["per_seed_final_success"])
                     assert r["vs_reference"]["mean"] == pytest.approx(finals.mean())
     assert summary["envs"]["maze-long"]["skipped_arms"] == ["gigpo-similarity"]
+    # The declared family: every arm against its baseline in the equal view, in every environment;
+    # nothing else carries a verdict.
+    primary = [
+        r["primary"]
+        for data in summary["envs"].values()
+        for view, arms in data["views"].items()
+        for r in arms.values()
+        if "primary" in r
+    ]
+    family = sum(1 for data in summary["envs"].values() for r in data["views"]["equal"].values() if "vs_baseline" in r)
+    assert len(primary) == family and {p["family_size"] for p in primary} == {family}
+    assert all("primary" not in r for data in summary["envs"].values() for r in data["views"]["raw"].values())
+    assert all(p["measure"] == "final_success" and p["holm_t_p"] >= p["t_p"] for p in primary)
+    smallest = min(primary, key=lambda p: p["t_p"])
+    assert smallest["holm_t_p"] == pytest.approx(min(1.0, family * smallest["t_p"]))
     table = (out / "summary.md").read_text()
+    assert f"Holm over the {family} declared comparisons" in table
     assert table.count("| arm | final success") == 2 * len(tb.ENVIRONMENTS)
     assert "| gigpo | " in table and "vs grpo" in table and "vs grpo-g8" in table
     for name in [*(f"success_{env}.png" for env in tb.ENVIRONMENTS), "paired_differences.png"]:
