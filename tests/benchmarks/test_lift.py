@@ -169,15 +169,18 @@ def test_a_recipe_case_trains_with_its_recipe_and_its_own_seed_count(tmp_path):
     assert fresh[0].done and not fresh[1].done
 
 
-def _processes_naming(text: str) -> list[int]:
-    """Pids whose command line contains ``text`` (Linux /proc)."""
+def _processes_using(directory: Path) -> list[int]:
+    """Pids whose command line names ``directory`` or that hold a file under it open (a run forked from
+    the benchmark's preloading server writes its log there), from Linux /proc."""
     found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+    for process in Path("/proc").glob("[0-9]*"):
         try:
-            if text.encode() in cmdline.read_bytes():
-                found.append(int(cmdline.parent.name))
-        except OSError:  # the process ended while we looked
+            named = str(directory).encode() in (process / "cmdline").read_bytes()
+            opened = any(str(fd.readlink()).startswith(str(directory)) for fd in (process / "fd").iterdir())
+        except OSError:  # the process ended while we looked, or is not ours to read
             continue
+        if named or opened:
+            found.append(int(process.name))
     return found
 
 
@@ -203,11 +206,11 @@ def test_quick_run_stops_resumes_writes_curves_lifts_and_reports_again_without_t
     deadline = time.monotonic() + 120
     while not any(tmp_path.glob("runs/*/seed*/metrics.jsonl")) and time.monotonic() < deadline:  # a run is training
         time.sleep(0.2)
-    assert len(_processes_naming(str(tmp_path))) >= 2  # the benchmark and its first run
+    assert len(_processes_using(tmp_path)) >= 2  # the benchmark and its first run
     bench.send_signal(signal.SIGTERM)
     assert bench.wait(timeout=180) == 128 + signal.SIGTERM
     time.sleep(0.5)
-    assert _processes_naming(str(tmp_path)) == []
+    assert _processes_using(tmp_path) == []
     assert lift.main(["--quick", "--out", str(tmp_path), "--engine", "hf"]) == 0  # the rerun finishes them
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert [c["case"] for c in summary["cases"]] == ["say", "bandit"]
