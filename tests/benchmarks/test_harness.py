@@ -108,3 +108,13 @@ def test_a_train_run_names_its_iterations_directory_threads_and_late_overrides(t
     ]
     assert run.environment() == dict(os.environ)  # every core
     assert harness.TrainRun("r", tmp_path, (), 1, threads=2).environment()["OMP_NUM_THREADS"] == "2"
+
+
+def test_an_hf_run_forks_from_the_preloaded_server_with_its_output_and_exit_code(tmp_path):
+    command = [sys.executable, "-m", "agent_rl.cli", "train", "engine=hf", "optim.lr=-1"]
+    process = harness.start(command, tmp_path / "train.log", harness.thread_environment(1))
+    assert isinstance(process, harness.ForkedRun) and process.wait(timeout=120) != 0
+    assert "optim.lr" in (tmp_path / "train.log").read_text()  # the bad value, named in the run's own log
+    other = harness.start([sys.executable, "-c", "print('plain')"], tmp_path / "plain.log", dict(os.environ))
+    assert not isinstance(other, harness.ForkedRun) and other.wait(timeout=60) == 0
+    assert (tmp_path / "plain.log").read_text() == "plain\n"
