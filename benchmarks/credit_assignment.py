@@ -462,7 +462,7 @@ def run_grid(jobs: dict[str, list[Job]], *, workers: int, gate_points: float, pr
         pilots_warm_start = job.method is None and job.seed == pilot.seed
         gated = job.env.gated and job is not pilot and not pilots_warm_start
         warm = job.warm_start
-        return (warm is None or (warm.done and not warm.lacks_model)) and (not gated or job.env.name in gates)
+        return (warm is None or not warm.lacks_model) and (not gated or job.env.name in gates)
 
     def wanted(job: Job) -> bool:
         gate = gates.get(job.env.name)
@@ -479,6 +479,7 @@ def run_grid(jobs: dict[str, list[Job]], *, workers: int, gate_points: float, pr
         workers=workers,
         progress=progress,
         title="grid",
+        needs=lambda job: (job.warm_start,) if job.warm_start else (),
         ready=ready,
         wanted=wanted,
         on_start=lambda job: check_settings(job, record=True),

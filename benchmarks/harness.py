@@ -163,16 +163,18 @@ def run_jobs(
     workers: int,
     progress,
     title: str,
+    needs: Callable[[Job], Sequence[Job]] = lambda job: (),
     ready: Callable[[Job], bool] = lambda job: True,
     wanted: Callable[[Job], bool] = lambda job: True,
     on_start: Callable[[Job], None] = lambda job: None,
     on_finish: Callable[[Job], None] = lambda job: None,
 ) -> None:
     """Train every job of ``jobs`` not finished yet, ``workers`` at a time, in their order: a job starts
-    once ``ready(job)`` (``on_start(job)`` just before), a pending one no longer ``wanted(job)`` is
-    dropped (a failed gate), and ``on_finish(job)`` runs when one has finished. A failed job stops the
-    others (:class:`RunFailed`); so does stopping the benchmark, each run saving a checkpoint its rerun
-    resumes from."""
+    once every job it ``needs`` has finished and its process has exited (a warm start whose logged
+    iteration may still be saving its checkpoint is not done) and ``ready(job)`` (``on_start(job)``
+    just before); a pending one no longer ``wanted(job)`` is dropped (a failed gate), and
+    ``on_finish(job)`` runs when one has finished. A failed job stops the others (:class:`RunFailed`);
+    so does stopping the benchmark, each run saving a checkpoint its rerun resumes from."""
     pending = [job for job in jobs if not finished(job.run_dir, job.iterations)]
     total = sum(job.iterations + 1 for job in jobs)
     overall = progress.add_task(f"{title} (iterations of all runs)", total=total)
@@ -186,7 +188,14 @@ def run_jobs(
                 pending.remove(job)
                 total -= job.iterations + 1
                 progress.update(overall, total=total)
-            starting = [job for job in pending if ready(job)][: workers - len(running)]
+            busy = {id(job) for job, _, _ in running}
+            startable = [
+                job
+                for job in pending
+                if all(id(need) not in busy and finished(need.run_dir, need.iterations) for need in needs(job))
+                and ready(job)
+            ]
+            starting = startable[: workers - len(running)]
             for job in starting:
                 pending.remove(job)
                 on_start(job)

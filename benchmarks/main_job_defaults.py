@@ -215,7 +215,7 @@ def run_arms(arms: list[str], args: argparse.Namespace, progress) -> None:
         workers=args.workers,
         progress=progress,
         title="main-job arms",
-        ready=lambda run: run not in runs or not run.start or run_finished(shared[runs[run]]),
+        needs=lambda run: (shared[runs[run]],) if run in runs and run.start else (),
         on_finish=lambda run: shutil.rmtree(run.run_dir / "checkpoints", ignore_errors=True) if run in runs else None,
     )
 

@@ -38,15 +38,18 @@ class FakeJob:
     iterations: int = 2
     exit_code: int = 0
     stop_at: int | None = None
+    linger_s: float = 0.0
+    """Seconds the process goes on after logging its last iteration (a checkpoint being saved)."""
 
     def command(self) -> list[str]:
         last = self.iterations if self.stop_at is None else self.stop_at
         lines = "".join(json.dumps({"iteration": k}) + "\n" for k in range(last + 1))
+        run = f"pathlib.Path({str(self.run_dir)!r})"
         return [
             sys.executable,
             "-c",
-            f"import pathlib, sys; pathlib.Path({str(self.run_dir)!r}, 'metrics.jsonl').write_text({lines!r}); "
-            f"sys.exit({self.exit_code})",
+            f"import pathlib, sys, time; ({run} / 'metrics.jsonl').write_text({lines!r}); "
+            f"time.sleep({self.linger_s}); ({run} / 'exited').touch(); sys.exit({self.exit_code})",
         ]
 
     def environment(self) -> dict[str, str]:
@@ -79,6 +82,18 @@ def test_jobs_start_when_ready_in_order_skip_finished_ones_and_drop_unwanted_one
     assert all(harness.finished(job.run_dir, 2) for job in (first, second, gated))
     assert not dropped.run_dir.exists()
     assert (first.run_dir / "train.log").exists()
+
+
+def test_a_job_starts_only_once_the_jobs_it_needs_have_logged_everything_and_exited(tmp_path):
+    warm = FakeJob("warm", tmp_path / "warm", linger_s=1.0)
+    cells = [FakeJob(f"cell{k}", tmp_path / f"cell{k}") for k in range(2)]
+    seen_exited = []
+    _run(
+        [warm, *cells],
+        needs=lambda job: (warm,) if job is not warm else (),
+        on_start=lambda job: seen_exited.append((job.name, (warm.run_dir / "exited").exists())),
+    )
+    assert seen_exited == [("warm", False), ("cell0", True), ("cell1", True)]
 
 
 def test_a_failed_run_or_one_that_stops_early_stops_the_benchmark_naming_it(tmp_path):
