@@ -108,6 +108,33 @@ def test_hf_top_p_logprobs_are_renormalized(policy, prompts):
         assert np.all(np.array(c.logprobs) >= logp[i, : len(c.logprobs)].numpy() - 1e-5)
 
 
+@pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
+def test_hf_prefills_a_shared_prefix_once_with_the_same_completions(policy, prompts, monkeypatch, greedy):
+    """Prompts that start alike (a system prompt, a rules text) prefill that prefix once and repeat its
+    KV cache over the rows: the completions are those of separate prefills, token for token."""
+    from agent_rl.training.models import prefix_sharing
+    from agent_rl.training.serving import engines
+
+    model, tokenizer = policy
+    system = tokenizer("Rules: go north to win. Exits are listed. " * 3, add_special_tokens=False)["input_ids"]
+    shared = [system + p for p in prompts] + [system[:-1], system]  # the shortest rows end inside the prefix
+    sampling = SamplingParams(max_new_tokens=8, greedy=greedy)
+    prefills = []
+    monkeypatch.setattr(
+        engines,
+        "repeated_prefix_cache",
+        lambda *args: prefills.append(len(args[1])) or prefix_sharing.repeated_prefix_cache(*args),
+    )
+    once = HFEngine(model, tokenizer, seed=5).generate(shared, 2, sampling)
+    assert prefills == [len(system) - 2]  # the common prefix, short of the shortest row's last token
+    separately = HFEngine(model, tokenizer, seed=5, share_prefixes=False).generate(shared, 2, sampling)
+    assert len(prefills) == 1
+    assert [[c.token_ids for c in g] for g in once] == [[c.token_ids for c in g] for g in separately]
+    gaps = [abs(a - b) for g, h in zip(once, separately) for c, d in zip(g, h) for a, b in zip(c.logprobs, d.logprobs)]
+    assert max(gaps) < 1e-4
+    assert max_logprob_gap(model, shared, once, 1.0) < TOLERANCE
+
+
 def test_hf_update_weights_uses_the_new_model(policy, prompts):
     model, tokenizer = policy
     engine = HFEngine(model, tokenizer)

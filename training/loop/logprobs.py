@@ -15,27 +15,7 @@ import torch.nn.functional as F
 
 from agent_rl.core.batch import StepBatch
 from agent_rl.training.infra.distributed import forward_precision
-
-
-def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
-    """Tokens at the start of every prompt that ``response_logits`` forwards once for the batch: their
-    longest common prefix, short of the shortest prompt's last token (whose logits predict its
-    response); 0 for a single prompt."""
-    if len(prompts) < 2:
-        return 0
-    width = min(len(p) for p in prompts) - 1
-    matrix = np.array([p[:width] for p in prompts]).reshape(len(prompts), width)
-    differs = (matrix != matrix[0]).any(axis=0)
-    return int(differs.argmax()) if differs.any() else width
-
-
-def shares_prefixes(model: torch.nn.Module) -> bool:
-    """Whether a prefix's KV cache can stand in for the prefix: every layer attends to all earlier
-    tokens (a sliding-window cache would drop some of them)."""
-    config = model.config
-    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
-    sliding = getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True)
-    return all(kind == "full_attention" for kind in layer_types) and not sliding
+from agent_rl.training.models.prefix_sharing import repeated_prefix_cache, shared_prefix_length, shares_prefixes
 
 
 def response_logits(
@@ -78,9 +58,7 @@ def response_logits(
     past = None
     with forward_precision(model, device, precision):
         if shared:
-            prefix = torch.tensor([list(prompt_ids_list[0][:shared])], dtype=torch.long, device=device)
-            past = model(input_ids=prefix, use_cache=True).past_key_values
-            past.batch_repeat_interleave(batch)
+            past = repeated_prefix_cache(model, prompt_ids_list[0][:shared], batch, device)
             attention_mask = torch.cat([attention_mask.new_ones((batch, shared)), attention_mask], dim=1)
         logits = model(
             input_ids=input_ids,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agent_rl.training.loop.logprobs import shared_prefix_length
+from agent_rl.training.models.prefix_sharing import shared_prefix_length
 
 
 def forwarded_tokens(

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from agent_rl.training.infra.distributed import forward_precision
 from agent_rl.training.models.policy import serving_state_dict
+from agent_rl.training.models.prefix_sharing import repeated_prefix_cache, shared_prefix_length, shares_prefixes
 
 FINISH_REASONS = ("stop", "length")
 
@@ -110,7 +111,14 @@ class HFEngine:
     """Hugging Face ``generate`` on the (training) model object itself: no copy, no sync cost."""
 
     def __init__(
-        self, model: torch.nn.Module, tokenizer, *, max_batch_size: int = 64, seed: int = 0, precision: str = "fp32"
+        self,
+        model: torch.nn.Module,
+        tokenizer,
+        *,
+        max_batch_size: int = 64,
+        seed: int = 0,
+        precision: str = "fp32",
+        share_prefixes: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -121,6 +129,9 @@ class HFEngine:
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
         self.stop_ids = stop_token_ids(model, tokenizer)
         self.max_batch_size = max_batch_size
+        self.share_prefixes = share_prefixes
+        """Prefill the prefix that every row of a batch shares (a system prompt, a rules text) once and
+        repeat its KV cache over the rows; False prefills each row whole. The completions are the same."""
         self.seed = seed
         self.calls = 0
         """``generate`` calls so far; call k samples with seed ``seed * 1_000_003 + k`` (a resumed run restores it)."""
@@ -167,12 +178,18 @@ class HFEngine:
     ) -> list[Completion]:
         from transformers import GenerationConfig
 
-        width = max(len(r) for r in rows)
+        # The prefix every row shares is prefilled once; the rest of each row is left-padded after it.
+        shared = shared_prefix_length(rows) if self.share_prefixes and shares_prefixes(self.model) else 0
+        rest = max(len(r) for r in rows) - shared
+        width = shared + rest
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):  # left padding
-            input_ids[i, width - len(r) :] = torch.tensor(r)
-            attention_mask[i, width - len(r) :] = 1
+        input_ids[:, :shared] = torch.tensor(rows[0][:shared], dtype=torch.long)
+        attention_mask[:, :shared] = 1
+        for i, r in enumerate(rows):
+            input_ids[i, width - len(r) + shared :] = torch.tensor(r[shared:])
+            attention_mask[i, width - len(r) + shared :] = 1
+        past = repeated_prefix_cache(self.model, rows[0][:shared], len(rows), device) if shared else None
         mode = (
             {"do_sample": False}
             if sampling.greedy
@@ -187,7 +204,10 @@ class HFEngine:
             return_dict_in_generate=True,
         )
         out = self.model.generate(
-            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), generation_config=config
+            input_ids=input_ids.to(device),
+            attention_mask=attention_mask.to(device),
+            past_key_values=past,
+            generation_config=config,
         )
         new_tokens = out.sequences[:, width:]
         logprobs = torch.stack(
