@@ -409,6 +409,12 @@ class Credit:
         """Whether the variance filter dropped every group of a batch that had some."""
         return len(self.kept) > 0 and not self.kept.any()
 
+    def why_no_step(self) -> str:
+        """Why an update on this credit takes no optimizer step, when it takes none."""
+        if self.filtered_out():
+            return "the variance filter (algo.keep_groups) dropped every group: each group's returns were all equal"
+        return "every row has zero advantage"
+
     def blind_step_credit(self) -> str | None:
         """Why step credit reached no row of this batch, or None when it reached some: no anchor state
         recurs within a group (``anchor``), or no group's trajectories meet (``graph``)."""

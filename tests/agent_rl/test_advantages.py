@@ -579,6 +579,9 @@ def test_the_variance_filter_zeroes_the_groups_it_drops():
     flat = step_batch([0, 0], [0, 1], [0.0, 0.0], ["a", "a"])
     dropped = compute_advantages(flat, resolved_algo([*overrides, "algo.keep_groups=0.5"]))
     assert dropped.filtered_out() and not dropped.advantages.any()
+    assert dropped.why_no_step().startswith("the variance filter (algo.keep_groups) dropped every group")
+    unfiltered = compute_advantages(flat, resolved_algo(overrides))
+    assert not unfiltered.advantages.any() and unfiltered.why_no_step() == "every row has zero advantage"
 
 
 def test_turn_position_mass_by_hand():

@@ -166,8 +166,7 @@ class Trainer:
         """Rollout -> anchor keys -> credit -> update -> weight sync; returns the iteration's metrics."""
         cfg = self.config
         metrics: dict[str, float] = {}
-        batch = advantages = None
-        why_skipped = "every row has zero advantage"
+        batch = advantages = credit = None
         if self.dist.is_main:
             with timed(metrics, "time/rollout"):
                 batch, stats = collect_rollouts(
@@ -187,11 +186,6 @@ class Trainer:
                 metrics.update(credit.metrics())
                 self.guard.check_credit(self.iteration, credit.blind_step_credit())
                 advantages = credit.advantages
-                if credit.filtered_out():
-                    why_skipped = (
-                        "the variance filter (algo.keep_groups) dropped every group: each group's returns "
-                        "were all equal"
-                    )
             else:
                 batch = None
         with timed(metrics, "time/update"):
@@ -199,8 +193,8 @@ class Trainer:
         metrics.update(learned)
         self.guard.check_updates(self.iteration, learned)
         if not learned or learned.get("update/skipped"):  # nothing was learned, nothing to sync
-            if learned:
-                self.console.print(f"iteration {self.iteration}: {why_skipped}; no optimizer step")
+            if learned and credit is not None:
+                self.console.print(f"iteration {self.iteration}: {credit.why_no_step()}; no optimizer step")
             return metrics
         if self.dist.is_main:
             with timed(metrics, "time/sync"):
