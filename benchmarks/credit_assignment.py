@@ -229,7 +229,7 @@ class Job:
     def lacks_model(self) -> bool:
         """A finished warm start without its checkpoint, as in a fresh clone of committed results
         (checkpoints are not committed): the seed's cells still to train need it trained again."""
-        return self.method is None and self.done and not (self.run_dir / "checkpoints").is_dir()
+        return self.method is None and not (self.run_dir / "checkpoints").is_dir() and self.done
 
     @cached_property
     def iterations(self) -> int:

@@ -50,6 +50,11 @@ def train_command(overrides: Sequence[str], recipe: str | None = None) -> list[s
     ]
 
 
+def threads_override(threads: int | None) -> str:
+    """The config override that gives a run ``threads`` torch threads (None: every core)."""
+    return f"trainer.torch_threads={threads or 'null'}"
+
+
 def thread_environment(threads: int | None) -> dict[str, str]:
     """A run's process environment: OpenMP pinned to ``threads``, or left as it is (None: every core)."""
     return {**os.environ, "OMP_NUM_THREADS": str(threads)} if threads else dict(os.environ)
@@ -140,13 +145,17 @@ class TrainRun:
     start: Callable[[], Sequence[str]] | None = None
     """Overrides computed when the run starts (e.g. ``policy=`` another run's warm start)."""
 
+    @property
+    def done(self) -> bool:
+        return finished(self.run_dir, self.iterations)
+
     def command(self) -> list[str]:
         started = tuple(self.start()) if self.start else ()
         return train_command(
             [
                 *self.overrides,
                 *started,
-                f"trainer.torch_threads={self.threads or 'null'}",
+                threads_override(self.threads),
                 f"trainer.iterations={self.iterations}",
                 f"trainer.run_dir={self.run_dir}",
             ],
@@ -170,12 +179,14 @@ def run_jobs(
     on_finish: Callable[[Job], None] = lambda job: None,
 ) -> None:
     """Train every job of ``jobs`` not finished yet, ``workers`` at a time, in their order: a job starts
-    once every job it ``needs`` has finished and its process has exited (a warm start whose logged
-    iteration may still be saving its checkpoint is not done) and ``ready(job)`` (``on_start(job)``
+    once every job it ``needs`` (each one of ``jobs``) was finished before or has finished here, its
+    process exited (a warm start whose last iteration is logged may still be saving its checkpoint),
+    and ``ready(job)`` (``on_start(job)``
     just before); a pending one no longer ``wanted(job)`` is dropped (a failed gate), and
     ``on_finish(job)`` runs when one has finished. A failed job stops the others (:class:`RunFailed`);
     so does stopping the benchmark, each run saving a checkpoint its rerun resumes from."""
     pending = [job for job in jobs if not finished(job.run_dir, job.iterations)]
+    done = {id(job) for job in jobs} - {id(job) for job in pending}
     total = sum(job.iterations + 1 for job in jobs)
     overall = progress.add_task(f"{title} (iterations of all runs)", total=total)
     progress.advance(overall, total - sum(job.iterations + 1 for job in pending))
@@ -188,13 +199,7 @@ def run_jobs(
                 pending.remove(job)
                 total -= job.iterations + 1
                 progress.update(overall, total=total)
-            busy = {id(job) for job, _, _ in running}
-            startable = [
-                job
-                for job in pending
-                if all(id(need) not in busy and finished(need.run_dir, need.iterations) for need in needs(job))
-                and ready(job)
-            ]
+            startable = [job for job in pending if all(id(need) in done for need in needs(job)) and ready(job)]
             starting = startable[: workers - len(running)]
             for job in starting:
                 pending.remove(job)
@@ -223,4 +228,5 @@ def run_jobs(
                     )
                 progress.remove_task(task)
                 running.remove(entry)
+                done.add(id(job))
                 on_finish(job)

@@ -33,7 +33,14 @@ from typing import Any
 import numpy as np
 
 from agent_rl.benchmarks.common import RESULTS_DIR, machine_info, stopped
-from agent_rl.benchmarks.harness import RunFailed, finished, run_jobs, thread_environment, train_command
+from agent_rl.benchmarks.harness import (
+    RunFailed,
+    finished,
+    run_jobs,
+    thread_environment,
+    threads_override,
+    train_command,
+)
 from agent_rl.benchmarks.paired_stats import PairedDifference, adjust_family, mean_interval, paired_difference
 from agent_rl.benchmarks.report import mean_with_interval, percent, plot_curves, plot_paired, signed_points
 
@@ -94,7 +101,7 @@ class Case:
 
     @property
     def threads_override(self) -> str:
-        return f"trainer.torch_threads={self.threads or 'null'}"
+        return threads_override(self.threads)
 
     def config(self, extra: tuple[str, ...] = ()):
         """The resolved config of the case's runs, with ``extra`` overrides on top."""

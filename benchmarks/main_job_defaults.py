@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from agent_rl.benchmarks.common import RESULTS_DIR, machine_info, stopped
-from agent_rl.benchmarks.harness import RunFailed, TrainRun, finished, run_jobs
+from agent_rl.benchmarks.harness import RunFailed, TrainRun, run_jobs
 from agent_rl.benchmarks.paired_stats import paired_difference
 from agent_rl.benchmarks.report import area_under, plot_curves, seed_mean
 from agent_rl.config import DEFAULT_RECIPE
@@ -204,8 +204,8 @@ def run_arms(arms: list[str], args: argparse.Namespace, progress) -> None:
     runs = {arm_run(arm, seed, args): seed for seed in args.seeds for arm in arms}
     shared = {seed: warm_start(seed, args) for seed in sorted({seed for run, seed in runs.items() if run.start})}
     for seed, warm in shared.items():
-        waiting = [run.name for run, s in runs.items() if s == seed and run.start and not run_finished(run)]
-        if waiting and run_finished(warm) and not (warm.run_dir / "checkpoints").is_dir():
+        waiting = [run.name for run, s in runs.items() if s == seed and run.start and not run.done]
+        if waiting and warm.done and not (warm.run_dir / "checkpoints").is_dir():
             raise RunFailed(
                 f"{warm.run_dir} holds a finished warm start without its checkpoint (results are committed "
                 f"without checkpoints), which {', '.join(waiting)} start from: delete that directory to train it again"
@@ -218,10 +218,6 @@ def run_arms(arms: list[str], args: argparse.Namespace, progress) -> None:
         needs=lambda run: (shared[runs[run]],) if run in runs and run.start else (),
         on_finish=lambda run: shutil.rmtree(run.run_dir / "checkpoints", ignore_errors=True) if run in runs else None,
     )
-
-
-def run_finished(run: TrainRun) -> bool:
-    return finished(run.run_dir, run.iterations)
 
 
 def curve(records: list[dict]) -> dict[str, list[float]]:
@@ -330,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     for arm in arms:
         for seed in args.seeds:
             run = arm_run(arm, seed, args)
-            if run_finished(run):
+            if run.done:
                 curves[arm][seed] = curve(read_metrics(run.run_dir))
     seeds = [s for s in args.seeds if all(s in curves[a] for a in arms)]
     payload = {
