@@ -154,3 +154,11 @@ def run_header(config, model: torch.nn.Module, run_dir: Path) -> str:
         f"device={next(model.parameters()).device} params={n_params / 1e6:.2f}M{trained} "
         f"anchor={config.env.anchor_key} run_dir={run_dir}"
     )
+
+
+def run_footer(summary: dict) -> str:
+    """The line a run ends with: its best held-out greedy success and where its checkpoints are."""
+    return (
+        f"[bold green]done[/]: best greedy eval success {summary['best_greedy_success']:.2f} at iteration "
+        f"{summary['best_iteration']} ({summary['elapsed_s']:.0f} s); checkpoints in {summary['run_dir']}/checkpoints"
+    )

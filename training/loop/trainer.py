@@ -2,10 +2,8 @@
 
     rollout -> anchor keys -> credit -> update -> weight sync -> evaluation -> checkpoint
 
-``Trainer.train_iteration`` holds the first five steps and ``Trainer.run`` the loop around them.
-The pieces live in their own modules: ``rollout`` (the episode loop), ``anchors`` and
-``agent_rl.core.advantages`` (credit), ``learner`` (PPO-style minibatch epochs), ``evaluation`` (held-out
-seeds), ``checkpoint`` and ``logger``.
+``Trainer.train_iteration`` holds the first five steps and ``Trainer.run`` the loop around them;
+each step is a call into the module that owns it.
 
 A trainer takes objects: a model and its tokenizer, an environment factory (any zero-argument
 callable returning a Gymnasium text env) and optionally an engine. ``Trainer.from_config`` builds
@@ -36,7 +34,7 @@ from agent_rl.training.infra.distributed import (
     resolve_device,
     shutdown_distributed,
 )
-from agent_rl.training.infra.logger import RunLogger, progress_bar, run_header, timed
+from agent_rl.training.infra.logger import RunLogger, progress_bar, run_footer, run_header, timed
 from agent_rl.training.infra.resolution import report_choices, resolve
 from agent_rl.training.loop.evaluation import evaluate_heldout, target_reached
 from agent_rl.training.loop.guards import FaultGuard
@@ -242,10 +240,7 @@ class Trainer:
             "reached_target": reached,
             "elapsed_s": self.state["elapsed_s"],
         }
-        self.console.print(
-            f"[bold green]done[/]: best greedy eval success {summary['best_greedy_success']:.2f} at iteration "
-            f"{summary['best_iteration']} ({summary['elapsed_s']:.0f} s); checkpoints in {self.run_dir / 'checkpoints'}"
-        )
+        self.console.print(run_footer(summary))
         return summary
 
     def _warm_start(self) -> bool:
