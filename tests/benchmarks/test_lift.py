@@ -134,6 +134,23 @@ def test_every_case_is_a_valid_config():
         assert config.trainer.target_success is None and config.trainer.iterations == case.iterations
 
 
+@pytest.mark.parametrize("name", ["maze-random", "maze-clone"])
+def test_the_panel_maze_is_won_by_reading_observations_and_rarely_by_chance(name):
+    from agent_rl.envs.maze import MazeEnv
+    from agent_rl.training.loop.evaluation import eval_seeds
+
+    case = next(c for c in lift.CASES if c.name == name)
+    kwargs = case.config().env.kwargs
+    env = MazeEnv(**kwargs, oracle="explore")  # follows the observations alone: exits and items in sight
+    for seed in eval_seeds(64):
+        env.reset(seed=seed)
+        plan = env.oracle()
+        assert len(plan) <= kwargs["max_steps"]
+        *_, (observation, reward, terminated, truncated, info) = [env.step(action) for action in plan]
+        assert terminated and info["won"] and not truncated
+    assert lift.random_play_success(case, episodes=128) <= 1 / 3
+
+
 def test_a_recipe_case_trains_with_its_recipe_and_its_own_seed_count(tmp_path):
     case = lift.Case(
         "r",
