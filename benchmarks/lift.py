@@ -118,8 +118,8 @@ PANEL_MAZE = "env.kwargs={n_rooms: 5, n_locked_doors: 0, dead_ends: 1, extra_edg
 """The multi-step cases' Maze: five rooms on a tree, no locked door, one dead end, one distractor, an
 8-step limit. A policy that reads each observation (the explorer: take the goal in sight, else follow
 the right-hand wall) wins every episode within the limit, and random play seldom does (the lift
-summary's random play). On the main job's Maze (8 rooms, 2 locked doors, 50 steps) a weak policy plays most
-episodes to the limit, and a run of 30 iterations took 80-130 minutes on one thread."""
+summary's random play). On the main job's Maze (8 rooms, 2 locked doors, 50 steps) a weak policy
+plays most episodes to the limit, and a run of 30 iterations took 80-130 minutes on one thread."""
 GREEDY_EVAL_ONLY = ("trainer.eval_sampled=false",)
 """SmolLM2 cases evaluate greedily only, as their recipes do."""
 
