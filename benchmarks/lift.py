@@ -344,6 +344,28 @@ def plan(
 # ---- summaries -----------------------------------------------------------------------------------------
 
 
+LIMITS = {
+    "zero_variance_groups": "credit/zero_variance_groups",
+    "pass_rate": "rollout/success_rate",
+    "invalid_rate": "rollout/invalid_rate",
+    "entropy": "update/entropy",
+    "approx_kl": "update/approx_kl",
+    "optimizer_steps": "update/optimizer_steps",
+    "advantage_mass_early": "advantage/mass_early",
+    "advantage_mass_late": "advantage/mass_late",
+}
+"""What limits multi-turn learning, read from each RL iteration's metrics: the share of groups
+without return spread, the training pass rate, the invalid-action rate, the reply entropy, how far
+and in how many steps an update moves the policy, and the advantage mass on the first and last
+third of the turns. A run's summary holds the median of each over its RL iterations."""
+
+
+def iteration_medians(records: list[dict], keys: dict[str, str]) -> dict[str, float | None]:
+    """The median of each metric over the records that log it (None where none does)."""
+    values = {name: [float(r[key]) for r in records if r.get(key) is not None] for name, key in keys.items()}
+    return {name: float(np.median(v)) if v else None for name, v in values.items()}
+
+
 def run_summary(records: list[dict]) -> dict[str, Any]:
     """Curves, start, end, lifts and times of one finished run (success as fractions, lifts in points)."""
     evals = [r for r in records if r.get("eval/greedy_success") is not None]
@@ -370,6 +392,8 @@ def run_summary(records: list[dict]) -> dict[str, Any]:
         "training_invalid_rate": [
             float(r["rollout/invalid_rate"]) for r in records if r.get("rollout/invalid_rate") is not None
         ],
+        "greedy_minus_sampled_points": [100.0 * (g - s) for g, s in zip(greedy, sampled)],
+        "limits": iteration_medians(records[1:], LIMITS),
     }
 
 
@@ -426,6 +450,7 @@ def case_summary(case: Case, runs: list[dict[str, Any]], random_play: float | No
         "sampled_lift": interval([r["sampled_lift"] for r in runs]),
         "total_s": interval(totals),
         "warm_start_s": interval([r["warm_start_s"] for r in runs]),
+        "limits": iteration_medians([r["limits"] for r in runs], {name: name for name in LIMITS}),
         "runs": runs,
     }
 
@@ -544,8 +569,22 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
                 f"sampled {signed_points(r['sampled_lift'])}; "
                 f"warm start {r['warm_start_s'] / 60:.1f} of {r['total_s'] / 60:.1f} min)"
             )
-        lines.append("")
+        lines += ["", f"What limits it (medians over each run's RL iterations, then over seeds): {_limits(c)}", ""]
     path.write_text("\n".join(lines))
+
+
+def _limits(case: dict[str, Any]) -> str:
+    m = case.get("limits") or {}
+
+    def shown(name: str, form: str) -> str:
+        return "-" if m.get(name) is None else format(m[name], form)
+
+    return (
+        f"groups without return spread {shown('zero_variance_groups', '.0%')}, pass rate {shown('pass_rate', '.0%')}, "
+        f"invalid actions {shown('invalid_rate', '.0%')}, entropy {shown('entropy', '.2f')}, approx KL "
+        f"{shown('approx_kl', '.1e')} in {shown('optimizer_steps', '.0f')} optimizer steps, advantage mass on the "
+        f"first/last third of the turns {shown('advantage_mass_early', '.0%')}/{shown('advantage_mass_late', '.0%')}."
+    )
 
 
 def plot(summary: dict[str, Any], out: Path) -> None:

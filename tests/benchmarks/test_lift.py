@@ -41,7 +41,14 @@ def test_run_summary_by_hand():
             "eval/sampled_success": 0.5,
             "sft/steps_taken": 25.0,
         },
-        {"iteration": 1, "time/elapsed": 20.0, "rollout/success_rate": 0.3, "rollout/invalid_rate": 0.1},
+        {
+            "iteration": 1,
+            "time/elapsed": 20.0,
+            "rollout/success_rate": 0.3,
+            "rollout/invalid_rate": 0.1,
+            "credit/zero_variance_groups": 0.75,
+            "update/entropy": 0.5,
+        },
         {
             "iteration": 2,
             "time/elapsed": 30.0,
@@ -49,6 +56,7 @@ def test_run_summary_by_hand():
             "eval/sampled_success": 0.75,
             "rollout/success_rate": 0.6,
             "rollout/invalid_rate": 0.0,
+            "credit/zero_variance_groups": 0.25,
         },
     ]
     summary = lift.run_summary(records)
@@ -61,6 +69,16 @@ def test_run_summary_by_hand():
         and summary["warm_start"] == {"sft/steps_taken": 25.0}
     )
     assert summary["training_success"] == [0.3, 0.6] and summary["training_invalid_rate"] == [0.1, 0.0]
+    assert summary["greedy_minus_sampled_points"] == pytest.approx([-25.0, 25.0])
+    # Medians over the RL iterations (iteration 0 is the warm start); None where no iteration logs it.
+    limits = summary["limits"]
+    assert limits["zero_variance_groups"] == pytest.approx(0.5) and limits["pass_rate"] == pytest.approx(0.45)
+    assert limits["entropy"] == 0.5 and limits["approx_kl"] is None and limits.keys() == lift.LIMITS.keys()
+    other = {**summary, "limits": {**limits, "zero_variance_groups": 0.0, "entropy": None}}
+    case = lift.Case("c", "a case", (), 2, 2, lift.Goal("lift", 20.0))
+    across = lift.case_summary(case, [summary, summary, other], None)["limits"]
+    assert across["zero_variance_groups"] == pytest.approx(0.5) and across["entropy"] == 0.5
+    assert across["approx_kl"] is None
     with pytest.raises(ValueError, match="iteration-0"):
         lift.run_summary(records[1:])
 
@@ -287,6 +305,7 @@ def test_a_case_without_sampled_evaluation_reports_dashes(tmp_path):
     text = (tmp_path / "summary.md").read_text()
     assert "| r | 2 | - | 25.0% -> 62.5% | +37.5 [" in text and "| - -> - | - | 10.0 |" in text
     assert "(lift +25.0; sampled -;" in text and "nan" not in text
+    assert "groups without return spread -, pass rate 50%, invalid actions 10%, entropy -, approx KL -" in text
     one_seed = {"cases": [lift.case_summary(case, [run(0, 0.25, 0.5)], None)]}
     lift.write_markdown(one_seed, tmp_path / "one_seed.md")
     text = (tmp_path / "one_seed.md").read_text()
