@@ -89,6 +89,11 @@ def validate(config: Config) -> None:
     _require(optim.adam_eps > 0, "optim.adam_eps", "must be > 0")
     _require(optim.grad_clip >= 0, "optim.grad_clip", "must be >= 0")
     _require(optim.epochs >= 1, "optim.epochs", "must be >= 1")
+    _require(
+        optim.target_kl is None or optim.target_kl > 0,
+        "optim.target_kl",
+        f"must be > 0, or null to never stop early, got {optim.target_kl}",
+    )
     _require(optim.minibatches >= 1, "optim.minibatches", "must be >= 1")
     _require(optim.minibatch_size >= 0, "optim.minibatch_size", "must be >= 0 (0 = use optim.minibatches)")
     rollout = config.rollout

@@ -315,6 +315,41 @@ def test_rows_with_zero_advantage_are_left_out_before_the_minibatch_split(policy
         assert metrics["update/first_step_approx_kl"] == pytest.approx(0.0, abs=1e-6)
 
 
+@pytest.mark.parametrize("target_kl, steps", [(None, 8), (1e9, 8), (1e-6, 1)])
+def test_target_kl_stops_the_update_at_the_first_minibatch_past_it(policy, target_kl, steps):
+    """4 epochs x 2 minibatches of on-policy rows: the first step always runs (its KL is ~0); after it,
+    at lr 1e-2, the next minibatch's KL exceeds 1e-6, so that step and every later one is not taken,
+    while a target it never reaches changes nothing."""
+    model, _ = policy
+    prompts, responses, _ = _synthetic_rows(model.config.vocab_size, 8, seed=5)
+    with torch.no_grad():
+        logp, _ = sequence_logprobs(model, prompts, responses, 1.0)
+    old = [row[: len(r)].numpy() for row, r in zip(logp, responses)]
+    overrides = ["optim.epochs=4", "optim.minibatches=2", "optim.minibatch_size=0", "optim.warmup_steps=0"]
+    overrides += ["rollout.temperature=1", "algo.loss=grpo", "algo.kl_coef=0", "engine=hf"]
+    overrides.append(f"optim.target_kl={'null' if target_kl is None else target_kl}")
+    config = resolve(load_config(overrides=overrides))
+    trained = copy.deepcopy(model)
+    optimizer = torch.optim.AdamW(trained.parameters(), lr=1e-2)
+    learner = Learner(trained, optimizer, config, np.random.default_rng(0))
+    with Progress(disable=True) as progress:
+        metrics = learner.optimize(prompts, responses, old, np.linspace(-1.0, 1.0, 8), progress)
+    assert metrics["update/optimizer_steps"] == steps
+    assert all(state["step"] == steps for state in optimizer.state.values())
+    if target_kl is None:
+        assert "update/kl_stopped" not in metrics
+    else:
+        assert metrics["update/kl_stopped"] == float(steps < 8)
+
+
+@pytest.mark.parametrize("value", [0, -0.1])
+def test_a_target_kl_that_is_not_positive_is_a_config_error(value):
+    from agent_rl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="optim.target_kl"):
+        load_config(overrides=[f"optim.target_kl={value}"])
+
+
 def test_a_batch_with_no_advantage_takes_no_step(policy):
     model, _ = policy
     prompts, responses, _ = _synthetic_rows(model.config.vocab_size, 4, seed=3)

@@ -22,7 +22,7 @@ from agent_rl.config import Config, OptimizerConfig
 from agent_rl.core.batch import StepBatch
 from agent_rl.core.losses import LossSpec, combine_loss_metrics
 from agent_rl.training.infra.checkpoint import load_model_weights
-from agent_rl.training.infra.distributed import DistContext, all_reduce_gradients, broadcast_ragged
+from agent_rl.training.infra.distributed import DistContext, all_reduce_gradients, broadcast_flag, broadcast_ragged
 from agent_rl.training.loop.logprobs import recompute_logprobs, response_logits, sequence_logprobs
 from agent_rl.training.loop.micro_batches import (
     forwarded_tokens,
@@ -279,41 +279,51 @@ class Learner:
         task = progress.add_task("update", total=optim.epochs * parts)
         step_metrics: list[dict[str, float]] = []
         nonfinite = 0
+        kl_stopped = False
         params = [p for p in self.model.parameters() if p.requires_grad]
-        for _ in range(optim.epochs):
-            for chosen in np.array_split(self.shuffle_rng.permutation(len(units)), parts):
-                rows = np.concatenate([rows_of_unit[u] for u in chosen])
-                self.optimizer.zero_grad(set_to_none=True)
-                metrics = accumulate_policy_gradient(
-                    self.model,
-                    [prompts[i] for i in rows],
-                    [responses[i] for i in rows],
-                    [old_logprobs[i] for i in rows],
-                    advantages[rows],
-                    loss=self.loss,
-                    temperature=self.config.rollout.temperature,
-                    micro_batch_size=optim.micro_batch_size,
-                    reference=self.reference,
-                    shard=(self.dist.rank, self.dist.world_size),
-                    precision=self.config.policy.precision,
-                )
-                all_reduce_gradients(params, self.dist)
-                clip = optim.grad_clip if optim.grad_clip > 0 else float("inf")
-                metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, clip))
-                progress.update(task, advance=1)
-                if not (math.isfinite(metrics["grad_norm"]) and math.isfinite(metrics["loss"])):
-                    # AdamW would spread a NaN or inf into every weight and its own moments: skip the step.
+        minibatches = (
+            chosen
+            for _ in range(optim.epochs)
+            for chosen in np.array_split(self.shuffle_rng.permutation(len(units)), parts)
+        )
+        for chosen in minibatches:
+            rows = np.concatenate([rows_of_unit[u] for u in chosen])
+            self.optimizer.zero_grad(set_to_none=True)
+            metrics = accumulate_policy_gradient(
+                self.model,
+                [prompts[i] for i in rows],
+                [responses[i] for i in rows],
+                [old_logprobs[i] for i in rows],
+                advantages[rows],
+                loss=self.loss,
+                temperature=self.config.rollout.temperature,
+                micro_batch_size=optim.micro_batch_size,
+                reference=self.reference,
+                shard=(self.dist.rank, self.dist.world_size),
+                precision=self.config.policy.precision,
+            )
+            if optim.target_kl is not None and step_metrics:
+                # Not before the first step, whose KL measures only engine/learner numerics; rank 0's
+                # measure decides for every rank, so all of them stop at the same step.
+                kl_stopped = broadcast_flag(metrics.get("approx_kl", 0.0) > optim.target_kl, self.dist)
+                if kl_stopped:
                     self.optimizer.zero_grad(set_to_none=True)
-                    nonfinite += 1
-                    continue
-                for group in self.optimizer.param_groups:
-                    base = group.setdefault("initial_lr", group["lr"])  # the optimizer's own rate, saved with it
-                    group["lr"] = warmup_lr(self.steps_taken + 1, base, optim.warmup_steps) * step_scale(
-                        len(chosen), optim
-                    )
-                metrics["lr"] = self.optimizer.param_groups[0]["lr"]
-                self.optimizer.step()
-                step_metrics.append(metrics)
+                    break
+            all_reduce_gradients(params, self.dist)
+            clip = optim.grad_clip if optim.grad_clip > 0 else float("inf")
+            metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, clip))
+            progress.update(task, advance=1)
+            if not (math.isfinite(metrics["grad_norm"]) and math.isfinite(metrics["loss"])):
+                # AdamW would spread a NaN or inf into every weight and its own moments: skip the step.
+                self.optimizer.zero_grad(set_to_none=True)
+                nonfinite += 1
+                continue
+            for group in self.optimizer.param_groups:
+                base = group.setdefault("initial_lr", group["lr"])  # the optimizer's own rate, saved with it
+                group["lr"] = warmup_lr(self.steps_taken + 1, base, optim.warmup_steps) * step_scale(len(chosen), optim)
+            metrics["lr"] = self.optimizer.param_groups[0]["lr"]
+            self.optimizer.step()
+            step_metrics.append(metrics)
         progress.remove_task(task)
         if not step_metrics:
             return {**no_step_metrics(len(learnable), len(prompts)), "update/nonfinite_steps": float(nonfinite)}
@@ -323,6 +333,8 @@ class Learner:
         combined["optimizer_steps"] = float(len(step_metrics))
         combined["nonfinite_steps"] = float(nonfinite)
         combined["skipped"] = 0.0
+        if optim.target_kl is not None:
+            combined["kl_stopped"] = float(kl_stopped)
         combined["learnable_rows"] = float(len(learnable))
         combined["learnable_fraction"] = len(learnable) / len(prompts)  # the share of rows with a gradient
         combined["learnable_trajectories"] = float(len(units))
