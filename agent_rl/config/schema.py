@@ -265,7 +265,7 @@ class OptimizerConfig:
     target_kl: float | None = None
     """Stop an update early once a minibatch's approximate KL from the policy that sampled the batch
     (k3, per token, measured before that minibatch's step) exceeds this: neither that step nor any
-    later one of the update is taken (``update/kl_stopped``); the first step always is. Bounds how
+    later one of the update is taken (``update/kl_stopped``); the first minibatch always steps. Bounds how
     far one iteration moves the policy when it runs many epochs (PPO's ``target_kl``). None never
     stops."""
     minibatches: int = 4

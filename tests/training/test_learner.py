@@ -429,6 +429,35 @@ def test_a_rank_dealt_no_row_of_a_minibatch_still_steps_with_the_others(policy, 
     assert metrics["update/loss"] == 0.0 and metrics["update/forwarded_tokens"] == 0.0
 
 
+def test_every_rank_stops_where_rank_zero_finds_the_target_kl_passed(policy, monkeypatch):
+    # Rank 1 of 2, whose own KL never passes the target; rank 0's does at the third minibatch (the
+    # broadcast is stubbed): rank 1 asks from the second minibatch on and stops with rank 0.
+    import agent_rl.training.loop.learner as learner_module
+    from agent_rl.training.infra.distributed import DistContext
+
+    model, _ = policy
+    prompts, responses, _ = _synthetic_rows(model.config.vocab_size, 4, seed=3)
+    overrides = ["optim.epochs=4", "optim.minibatches=2", "optim.minibatch_size=0", "optim.target_kl=1e9"]
+    config = resolve(load_config(overrides=[*overrides, "algo.loss=grpo", "algo.kl_coef=0", "engine=hf"]))
+    reduced, asked = [], []
+    monkeypatch.setattr(learner_module, "all_reduce_gradients", lambda params, dist: reduced.append(dist.rank))
+
+    def rank_zero_says(passed: bool, dist) -> bool:
+        asked.append(passed)
+        return len(asked) == 2
+
+    monkeypatch.setattr(learner_module, "broadcast_flag", rank_zero_says)
+    trained = copy.deepcopy(model)
+    learner = Learner(
+        trained, torch.optim.AdamW(trained.parameters(), lr=1e-2), config, np.random.default_rng(0), DistContext(1, 2)
+    )
+    old = [np.zeros(len(r), dtype=np.float32) for r in responses]
+    with Progress(disable=True) as progress:
+        metrics = learner.optimize(prompts, responses, old, np.array([1.0, -1.0, 0.5, -0.5]), progress)
+    assert asked == [False, False] and reduced == [1, 1]
+    assert metrics["update/optimizer_steps"] == 2.0 and metrics["update/kl_stopped"] == 1.0
+
+
 def test_warmup_raises_the_learning_rate_linearly_then_holds_it():
     assert [warmup_lr(step, 1e-3, 4) for step in (1, 2, 4, 5, 100)] == pytest.approx([2.5e-4, 5e-4, 1e-3, 1e-3, 1e-3])
     assert warmup_lr(1, 1e-3, 0) == 1e-3

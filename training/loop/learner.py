@@ -286,7 +286,7 @@ class Learner:
             for _ in range(optim.epochs)
             for chosen in np.array_split(self.shuffle_rng.permutation(len(units)), parts)
         )
-        for chosen in minibatches:
+        for index, chosen in enumerate(minibatches):
             rows = np.concatenate([rows_of_unit[u] for u in chosen])
             self.optimizer.zero_grad(set_to_none=True)
             metrics = accumulate_policy_gradient(
@@ -302,8 +302,8 @@ class Learner:
                 shard=(self.dist.rank, self.dist.world_size),
                 precision=self.config.policy.precision,
             )
-            if optim.target_kl is not None and step_metrics:
-                # Not before the first step, whose KL measures only engine/learner numerics; rank 0's
+            if optim.target_kl is not None and index > 0:
+                # Not at the first minibatch, whose KL measures only engine/learner numerics; rank 0's
                 # measure decides for every rank, so all of them stop at the same step.
                 kl_stopped = broadcast_flag(metrics.get("approx_kl", 0.0) > optim.target_kl, self.dist)
                 if kl_stopped:
