@@ -265,9 +265,9 @@ class OptimizerConfig:
     target_kl: float | None = None
     """Stop an update early once a minibatch's approximate KL from the policy that sampled the batch
     (k3, per token, measured before that minibatch's step) exceeds this: neither that step nor any
-    later one of the update is taken (``update/kl_stopped``); the first minibatch always steps. Bounds how
-    far one iteration moves the policy when it runs many epochs (PPO's ``target_kl``). None never
-    stops."""
+    later one of the update is taken (``update/kl_stopped``); the first minibatch always steps.
+    Bounds how far one iteration moves the policy when it runs many epochs (PPO's ``target_kl``).
+    None never stops."""
     minibatches: int = 4
     """Optimizer steps per epoch when ``minibatch_size`` is 0: the learnable trajectories are
     shuffled and split into this many minibatches; with more than one, the ratios leave 1 after the
