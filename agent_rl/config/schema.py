@@ -262,6 +262,11 @@ class OptimizerConfig:
     a random perturbation of the warm start."""
     epochs: int = 2
     """Passes over each iteration's learnable trajectories."""
+    min_steps: int = 0
+    """Raise an update's passes above ``epochs`` until it takes at least this many optimizer steps
+    (``update/epochs``). The steps per pass follow the learnable trajectories (``minibatch_size``),
+    so a sparse task whose groups rarely hold a win gets one or two steps an iteration while a dense
+    one gets dozens; this lifts the first without touching the second. 0 keeps ``epochs``."""
     target_kl: float | None = None
     """Stop an update early once a minibatch's approximate KL from the policy that sampled the batch
     (k3, per token, measured before that minibatch's step) exceeds this: neither that step nor any

@@ -89,6 +89,7 @@ def validate(config: Config) -> None:
     _require(optim.adam_eps > 0, "optim.adam_eps", "must be > 0")
     _require(optim.grad_clip >= 0, "optim.grad_clip", "must be >= 0")
     _require(optim.epochs >= 1, "optim.epochs", "must be >= 1")
+    _require(optim.min_steps >= 0, "optim.min_steps", f"must be >= 0 (0 keeps optim.epochs), got {optim.min_steps}")
     _require(
         optim.target_kl is None or optim.target_kl > 0,
         "optim.target_kl",

@@ -342,12 +342,29 @@ def test_target_kl_stops_the_update_at_the_first_minibatch_past_it(policy, targe
         assert metrics["update/kl_stopped"] == float(steps < 8)
 
 
-@pytest.mark.parametrize("value", [0, -0.1])
-def test_a_target_kl_that_is_not_positive_is_a_config_error(value):
+@pytest.mark.parametrize("min_steps, epochs, steps", [(0, 1, 2), (2, 1, 2), (5, 3, 6), (6, 3, 6)])
+def test_min_steps_raises_the_epochs_until_the_update_takes_that_many_steps(policy, min_steps, epochs, steps):
+    """8 learnable trajectories in 2 minibatches a pass, 1 pass asked for: min_steps raises the passes
+    to ceil(min_steps / 2), never lowers them."""
+    model, _ = policy
+    prompts, responses, _ = _synthetic_rows(model.config.vocab_size, 8, seed=5)
+    overrides = ["optim.epochs=1", "optim.minibatches=2", "optim.minibatch_size=0", f"optim.min_steps={min_steps}"]
+    config = resolve(load_config(overrides=[*overrides, "algo.loss=grpo", "algo.kl_coef=0", "engine=hf"]))
+    trained = copy.deepcopy(model)
+    learner = Learner(trained, torch.optim.AdamW(trained.parameters(), lr=1e-3), config, np.random.default_rng(0))
+    old = [np.zeros(len(r), dtype=np.float32) for r in responses]
+    with Progress(disable=True) as progress:
+        metrics = learner.optimize(prompts, responses, old, np.linspace(-1.0, 1.0, 8), progress)
+    assert metrics["update/optimizer_steps"] == steps
+    assert metrics.get("update/epochs") == (float(epochs) if min_steps else None)
+
+
+@pytest.mark.parametrize("key, value", [("target_kl", 0), ("target_kl", -0.1), ("min_steps", -1)])
+def test_a_target_kl_that_is_not_positive_and_negative_min_steps_are_config_errors(key, value):
     from agent_rl.config import ConfigError
 
-    with pytest.raises(ConfigError, match="optim.target_kl"):
-        load_config(overrides=[f"optim.target_kl={value}"])
+    with pytest.raises(ConfigError, match=f"optim.{key}"):
+        load_config(overrides=[f"optim.{key}={value}"])
 
 
 def test_a_batch_with_no_advantage_takes_no_step(policy):

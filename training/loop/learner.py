@@ -276,15 +276,14 @@ class Learner:
             learnable[np.argsort(unit_of_row, kind="stable")], np.cumsum(np.bincount(unit_of_row))[:-1]
         )
         parts = minibatch_count(len(units), optim)
-        task = progress.add_task("update", total=optim.epochs * parts)
+        epochs = max(optim.epochs, -(-optim.min_steps // parts))  # ceil: at least min_steps steps
+        task = progress.add_task("update", total=epochs * parts)
         step_metrics: list[dict[str, float]] = []
         nonfinite = 0
         kl_stopped = False
         params = [p for p in self.model.parameters() if p.requires_grad]
         minibatches = (
-            chosen
-            for _ in range(optim.epochs)
-            for chosen in np.array_split(self.shuffle_rng.permutation(len(units)), parts)
+            chosen for _ in range(epochs) for chosen in np.array_split(self.shuffle_rng.permutation(len(units)), parts)
         )
         for index, chosen in enumerate(minibatches):
             rows = np.concatenate([rows_of_unit[u] for u in chosen])
@@ -335,6 +334,8 @@ class Learner:
         combined["skipped"] = 0.0
         if optim.target_kl is not None:
             combined["kl_stopped"] = float(kl_stopped)
+        if optim.min_steps:
+            combined["epochs"] = float(epochs)
         combined["learnable_rows"] = float(len(learnable))
         combined["learnable_fraction"] = len(learnable) / len(prompts)  # the share of rows with a gradient
         combined["learnable_trajectories"] = float(len(units))
