@@ -220,7 +220,8 @@ class AlgorithmConfig:
     returns spread the most, and give the rows of the others advantage 0 (they leave the update).
     A group whose members all did equally well carries no trajectory-level signal; once most groups
     are such, their step and penalty terms dominate the update. 1 keeps every group; below 1 a group
-    whose returns are all equal is never kept. Must be in (0, 1]."""
+    whose returns are all equal is never kept, so a value just below 1 (0.999) keeps every group
+    with any spread and drops only those without. Must be in (0, 1]."""
     eps: float = 1e-6
     """Added to the std in every normalization."""
     loss_kwargs: dict[str, Any] = field(default_factory=dict)
