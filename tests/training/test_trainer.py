@@ -422,6 +422,17 @@ def test_the_stopping_rule_lets_the_confirmation_decide(metrics, target, reached
     assert target_reached(metrics, target) is reached
 
 
+@pytest.mark.parametrize(
+    ("iterations", "every", "due"),
+    [(10, 4, [4, 8, 10]), (10, 0, [10]), (8, 4, [4, 8]), (3, 5, [3]), (6, 1, [1, 2, 3, 4, 5, 6])],
+)
+def test_evaluations_fall_every_eval_every_iterations_and_after_the_last(iterations, every, due):
+    from agent_rl.training.loop.evaluation import eval_due
+
+    trainer = load_config(overrides=[f"trainer.iterations={iterations}", f"trainer.eval_every={every}"]).trainer
+    assert [i for i in range(1, iterations + 1) if eval_due(i, trainer)] == due
+
+
 def test_skipped_non_finite_steps_are_reported_and_several_in_a_row_stop_the_run(tmp_path):
     console = Console(file=io.StringIO(), width=300)
     watch = FaultGuard(load_config(), console, lambda: checkpoint.how_to_go_on(tmp_path))

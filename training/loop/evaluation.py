@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 from rich.console import Console
 
-from agent_rl.config import Config, RolloutConfig, load_config, load_default_config
+from agent_rl.config import Config, RolloutConfig, TrainerConfig, load_config, load_default_config
 from agent_rl.envs import EVAL_SEED_BASE
 from agent_rl.training.infra.resolution import resolve
 from agent_rl.training.loop.rollout import (
@@ -124,6 +124,13 @@ def confirm(
     if total == played:
         return {}
     return {"eval/confirm_greedy_success": wins / total, "eval/confirm_greedy_episodes": float(total)}
+
+
+def eval_due(iteration: int, trainer: TrainerConfig) -> bool:
+    """Whether ``iteration`` ends with a held-out evaluation: every ``trainer.eval_every``
+    iterations (0: never) and after the last."""
+    every = trainer.eval_every
+    return iteration == trainer.iterations or (every > 0 and iteration % every == 0)
 
 
 def target_reached(metrics: dict[str, float], target: float | None) -> bool:

@@ -23,9 +23,7 @@ import torch
 from rich.console import Console
 from rich.progress import Progress
 
-from agent_rl.anchors import batch_anchor_keys
 from agent_rl.config import Config, config_to_dict, save_config
-from agent_rl.core.advantages import compute_advantages
 from agent_rl.training.infra import checkpoint
 from agent_rl.training.infra.distributed import (
     broadcast_flag,
@@ -36,7 +34,8 @@ from agent_rl.training.infra.distributed import (
 )
 from agent_rl.training.infra.logger import RunLogger, progress_bar, run_footer, run_header, timed
 from agent_rl.training.infra.resolution import report_choices, resolve
-from agent_rl.training.loop.evaluation import evaluate_heldout, target_reached
+from agent_rl.training.loop.credit import assign_credit
+from agent_rl.training.loop.evaluation import eval_due, evaluate_heldout, target_reached
 from agent_rl.training.loop.guards import FaultGuard
 from agent_rl.training.loop.learner import Learner, adamw
 from agent_rl.training.loop.rollout import collect_rollouts, rollout_metrics
@@ -174,13 +173,7 @@ class Trainer:
             self.guard.check_environments(self.iteration, stats)
             if len(batch):  # dynamic sampling may keep no group: nothing to learn from this round
                 with timed(metrics, "time/advantage"):
-                    batch.anchor_key = batch_anchor_keys(
-                        batch,
-                        cfg.env.anchor_key,
-                        history_turns=cfg.rollout.history_turns,
-                        history_observations=cfg.rollout.history_observations,
-                    )
-                    credit = compute_advantages(batch, cfg.algo)
+                    credit = assign_credit(batch, cfg)
                 metrics.update(credit.metrics())
                 self.guard.check_credit(self.iteration, credit.blind_step_credit())
                 advantages = credit.advantages
@@ -224,7 +217,7 @@ class Trainer:
                 with self._progress() as progress:
                     progress.add_task(f"iteration {self.iteration}/{cfg.trainer.iterations}", total=None)
                     metrics = self.train_iteration(progress)
-                    if self.dist.is_main and self._eval_due(self.iteration):
+                    if self.dist.is_main and eval_due(self.iteration, cfg.trainer):
                         metrics.update(self.evaluate(progress))
                 if self.dist.is_main:
                     reached = self._finish_iteration(metrics, clock)
@@ -258,10 +251,6 @@ class Trainer:
         self.started = True
         return broadcast_flag(reached, self.dist)
 
-    def _eval_due(self, iteration: int) -> bool:
-        every = self.config.trainer.eval_every
-        return iteration == self.config.trainer.iterations or (every > 0 and iteration % every == 0)
-
     def _finish_iteration(self, metrics: dict[str, float], clock: float) -> bool:
         """Track the best eval, log, checkpoint; True when the target success is reached (and
         confirmed, see ``trainer.confirm_episodes``)."""
@@ -285,9 +274,6 @@ class Trainer:
     def _save(self, best: bool) -> None:
         self.state["engine_calls"] = int(getattr(self.engine, "calls", 0))
         self.state["torch_threads"] = torch.get_num_threads()  # sums depend on it: a resume checks it
-        pointers = ("last", "best") if best else ("last",)
-        if self.iteration == 0:
-            pointers += ("sft",)
         checkpoint.save_checkpoint(
             self.run_dir,
             self.iteration,
@@ -297,7 +283,7 @@ class Trainer:
             config=config_to_dict(self.config),
             trainer_state=self.state,
             generators=self._generators(),
-            pointers=pointers,
+            pointers=("last",) + ("best",) * best + ("sft",) * (self.iteration == 0),
         )
 
     def _progress(self) -> Progress:
