@@ -651,6 +651,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     if args.first_seed < 0:
         parser.error("--first-seed must be >= 0")
+    if args.baseline and not (args.baseline / "summary.json").is_file():
+        parser.error(f"--baseline {args.baseline} holds no summary.json: run --report --out {args.baseline} first")
     runs = plan(cases, seeds, args.out, settings, args.first_seed, args.engine)
     if not args.report:
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

@@ -279,6 +279,9 @@ def test_bad_settings_fail_before_any_run(tmp_path, capsys):
     with pytest.raises(SystemExit):
         lift.main(["--quick", "--out", str(tmp_path), "--set", "optim.lr=-1"])
     assert "optim.lr" in capsys.readouterr().err and not (tmp_path / "runs").exists()
+    with pytest.raises(SystemExit):
+        lift.main(["--quick", "--out", str(tmp_path), "--baseline", str(tmp_path / "other")])
+    assert "holds no summary.json" in capsys.readouterr().err and not (tmp_path / "runs").exists()
 
 
 def test_a_case_without_sampled_evaluation_reports_dashes(tmp_path):
