@@ -219,9 +219,13 @@ class AlgorithmConfig:
     """Variance filter (RAGEN): keep this share of each batch's groups, those whose trajectory
     returns spread the most, and give the rows of the others advantage 0 (they leave the update).
     A group whose members all did equally well carries no trajectory-level signal; once most groups
-    are such, their step and penalty terms dominate the update. 1 keeps every group; below 1 a group
-    whose returns are all equal is never kept, so a value just below 1 (0.999) keeps every group
-    with any spread and drops only those without. Must be in (0, 1]."""
+    are such, their step and penalty terms dominate the update. 1 keeps every group (but see
+    ``drop_flat_groups``); below 1 a group whose returns are all equal is never kept. Must be in (0, 1]."""
+    drop_flat_groups: bool = False
+    """Drop the groups whose trajectory returns are all equal, and only those, when ``keep_groups``
+    is 1: their rows get advantage 0 and leave the update, so the step and invalid-action terms of a
+    group that holds no task signal cannot move the policy on their own. An iteration in which every
+    group is flat takes no optimizer step. Below 1 ``keep_groups`` drops flat groups anyway."""
     eps: float = 1e-6
     """Added to the std in every normalization."""
     loss_kwargs: dict[str, Any] = field(default_factory=dict)

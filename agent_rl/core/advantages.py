@@ -207,17 +207,19 @@ def group_return_spread(returns: np.ndarray, group_ids: np.ndarray, traj_ids: np
     return _member_stats(returns[representative], group_code[representative], n_groups)[3]
 
 
-def kept_groups(spread: np.ndarray, keep: float) -> np.ndarray:
+def kept_groups(spread: np.ndarray, keep: float, drop_flat: bool = False) -> np.ndarray:
     """Which groups the variance filter keeps (RAGEN's SNR-aware filter): with ``keep`` 1, every
-    group; below 1, the ``ceil(keep * groups)`` groups with the largest return ``spread``
-    (:func:`group_return_spread`; ties go to the earlier group), never one whose spread is 0."""
+    group, or with ``drop_flat`` every group whose return ``spread`` is above 0
+    (:func:`group_return_spread`); below 1, the ``ceil(keep * groups)`` groups with the largest
+    spread (ties go to the earlier group), never one whose spread is 0."""
     if not 0.0 < keep <= 1.0:
         raise ValueError(f"keep must be in (0, 1], got {keep}")
+    with_spread = spread > 0
     if keep == 1.0:
-        return np.ones(len(spread), dtype=bool)
+        return with_spread if drop_flat else np.ones(len(spread), dtype=bool)
     rank = np.empty(len(spread), dtype=np.int64)
     rank[np.argsort(-spread, kind="stable")] = np.arange(len(spread))
-    return (rank < np.ceil(keep * len(spread) - 1e-9)) & (spread > 0)
+    return (rank < np.ceil(keep * len(spread) - 1e-9)) & with_spread
 
 
 def turn_position_mass(advantages: np.ndarray, t: np.ndarray, traj_ids: np.ndarray, bins: int = 3) -> np.ndarray:
@@ -412,7 +414,10 @@ class Credit:
     def why_no_step(self) -> str:
         """Why an update on this credit takes no optimizer step, when it takes none."""
         if self.filtered_out():
-            return "the variance filter (algo.keep_groups) dropped every group: each group's returns were all equal"
+            return (
+                "the variance filter (algo.keep_groups, algo.drop_flat_groups) dropped every group: "
+                "each group's returns were all equal"
+            )
         return "every row has zero advantage"
 
     def blind_step_credit(self) -> str | None:
@@ -476,6 +481,7 @@ class CreditSettings(Protocol):
     negative_weight: float
     row_weight: str
     keep_groups: float
+    drop_flat_groups: bool
     eps: float
 
 
@@ -499,8 +505,8 @@ def compute_advantages(batch: StepBatch, algo: CreditSettings) -> Credit:
     scale it up. Negative advantages are then multiplied by ``algo.negative_weight``, and with
     ``algo.row_weight="trajectory"`` every row's advantage is scaled by
     :func:`trajectory_weights`, so each trajectory weighs the same in the loss whatever its length.
-    Last, with ``algo.keep_groups`` below 1 the rows of the groups the variance filter drops
-    (:func:`kept_groups`) get 0.
+    Last, with ``algo.keep_groups`` below 1 or ``algo.drop_flat_groups`` the rows of the groups
+    the variance filter drops (:func:`kept_groups`) get 0.
     Anchor groups are built once; their statistics are reported with or without step credit.
     ``batch.anchor_key`` must be set when step credit is on.
     """
@@ -538,7 +544,7 @@ def compute_advantages(batch: StepBatch, algo: CreditSettings) -> Credit:
     if algo.row_weight == "trajectory" and n:
         advantages = advantages * trajectory_weights(traj_code)
     spread = group_return_spread(episode_return, batch.group_id, batch.traj_id) if n else np.zeros(0)
-    kept = kept_groups(spread, algo.keep_groups)
+    kept = kept_groups(spread, algo.keep_groups, algo.drop_flat_groups)
     if n:
         advantages = np.where(kept[dense_ids(batch.group_id)[0]], advantages, 0.0)
     position_mass = turn_position_mass(advantages, batch.t, batch.traj_id) if n else np.zeros(3)

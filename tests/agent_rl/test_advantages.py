@@ -545,6 +545,19 @@ def test_kept_groups_by_hand(keep, expected):
     np.testing.assert_array_equal(kept_groups(spread, keep), expected)
 
 
+def test_dropping_flat_groups_keeps_every_group_with_spread_and_no_other():
+    spread = np.array([0.9, 0.0, 0.4, 0.0, 1e-12])
+    np.testing.assert_array_equal(kept_groups(spread, 1.0, drop_flat=True), [True, False, True, False, True])
+    np.testing.assert_array_equal(kept_groups(spread, 0.4, drop_flat=True), kept_groups(spread, 0.4))  # implied
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 0.0, 0.1, 0.5, 1.0]), min_size=1, max_size=999))
+def test_dropping_flat_groups_is_a_share_just_below_one_for_fewer_than_1000_groups(spread):
+    spread = np.array(spread)
+    np.testing.assert_array_equal(kept_groups(spread, 1.0, drop_flat=True), kept_groups(spread, 0.999))
+
+
 def test_kept_groups_ties_go_to_the_earlier_group():
     np.testing.assert_array_equal(kept_groups(np.array([0.5, 0.5, 0.5]), 0.5), [True, True, False])
 
@@ -572,6 +585,8 @@ def test_the_variance_filter_zeroes_the_groups_it_drops():
     filtered = compute_advantages(batch, resolved_algo([*overrides, "algo.keep_groups=0.5"]))
     np.testing.assert_allclose(everything.advantages[2:], [-0.5, 0.0])
     np.testing.assert_allclose(filtered.advantages, [*everything.advantages[:2], 0.0, 0.0])
+    flat_dropped = compute_advantages(batch, resolved_algo([*overrides, "algo.drop_flat_groups=true"]))
+    np.testing.assert_allclose(flat_dropped.advantages, filtered.advantages)
     assert not filtered.filtered_out() and not everything.filtered_out()
     assert filtered.metrics()["credit/kept_groups"] == 0.5 and everything.metrics()["credit/kept_groups"] == 1.0
     assert filtered.metrics()["credit/zero_variance_groups"] == 0.5
@@ -579,7 +594,9 @@ def test_the_variance_filter_zeroes_the_groups_it_drops():
     flat = step_batch([0, 0], [0, 1], [0.0, 0.0], ["a", "a"])
     dropped = compute_advantages(flat, resolved_algo([*overrides, "algo.keep_groups=0.5"]))
     assert dropped.filtered_out() and not dropped.advantages.any()
-    assert dropped.why_no_step().startswith("the variance filter (algo.keep_groups) dropped every group")
+    assert dropped.why_no_step().startswith(
+        "the variance filter (algo.keep_groups, algo.drop_flat_groups) dropped every group"
+    )
     unfiltered = compute_advantages(flat, resolved_algo(overrides))
     assert not unfiltered.advantages.any() and unfiltered.why_no_step() == "every row has zero advantage"
 

@@ -487,8 +487,8 @@ def test_an_iteration_whose_groups_the_variance_filter_all_drops_takes_no_step_a
     assert last["update/skipped"] == 1.0 and last["credit/kept_groups"] == 0.0
     assert last["credit/zero_variance_groups"] == 1.0
     assert (
-        "iteration 1: the variance filter (algo.keep_groups) dropped every group: each group's returns were all "
-        "equal; no optimizer step"
+        "iteration 1: the variance filter (algo.keep_groups, algo.drop_flat_groups) dropped every group: "
+        "each group's returns were all equal; no optimizer step"
     ) in console.file.getvalue()
 
 
