@@ -397,15 +397,17 @@ def run_summary(records: list[dict]) -> dict[str, Any]:
     }
 
 
-def random_play_success(case: Case, episodes: int = RANDOM_PLAY_EPISODES) -> float | None:
-    """Success of uniformly random admissible actions on the case's held-out seeds (None where the
-    environment lists no admissible actions)."""
+def random_play_success(
+    case: Case, settings: tuple[str, ...] = (), episodes: int = RANDOM_PLAY_EPISODES
+) -> float | None:
+    """Success of uniformly random admissible actions on the case's held-out seeds, with the runs'
+    ``--set`` overrides (None where the environment lists no admissible actions)."""
     from agent_rl.training.loop.evaluation import eval_seeds
     from agent_rl.training.loop.sft import collect_demonstrations
     from agent_rl.training.models.policy import load_tokenizer, policy_dir
     from agent_rl.training.serving.envpool import env_factory
 
-    config = case.config()
+    config = case.config(settings)
     tokenizer = load_tokenizer(policy_dir(config.policy.name_or_path))  # the tokenizer alone, not the weights
     try:
         demos = collect_demonstrations(
@@ -671,9 +673,8 @@ def main(argv: list[str] | None = None) -> int:
         for run in plan((case,), seeds_present(args.out, case), args.out, settings)
         if run.done
     ]
-    random_play = {
-        name: random_play_success(case) for name, case in {run.case.name: run.case for run in finished}.items()
-    }
+    cases_finished = {run.case.name: run.case for run in finished}
+    random_play = {name: random_play_success(case, settings) for name, case in cases_finished.items()}
     summary = summarize(finished, random_play, settings)
     if not summary["cases"]:
         print("lift: no finished runs to report", file=sys.stderr)

@@ -40,6 +40,15 @@ def test_the_dry_run_checks_parity_a_training_run_and_a_process_group(tmp_path):
     }
 
 
+@pytest.mark.slow
+def test_skip_rl_run_records_the_skip_and_still_runs_the_other_checks(tmp_path):
+    assert gpu_check.main(["--dry-run", "--skip-rl-run", "--out", str(tmp_path), "--label", "dry"]) == 0
+    checks = json.loads((tmp_path / "dry.json").read_text())["checks"]
+    assert checks["rl_run"] == {"skipped": "--skip-rl-run"}
+    assert checks["parity"]["engine_vs_learner_fp32"]["within_tolerance"]
+    assert checks["distributed"]["values_correct"]
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_without_cuda_it_says_so_in_one_line_and_exits_non_zero(tmp_path, capsys):
     assert gpu_check.main(["--out", str(tmp_path)]) == 2

@@ -168,6 +168,8 @@ def test_the_panel_maze_is_won_by_reading_observations_and_rarely_by_chance():
         *_, (observation, reward, terminated, truncated, info) = [env.step(action) for action in plan]
         assert terminated and info["won"] and not truncated
     assert lift.random_play_success(case, episodes=128) <= 1 / 3
+    # The runs' --set overrides reach random play too: with one turn no maze is solved.
+    assert lift.random_play_success(case, ("rollout.max_turns=1",), episodes=32) == 0
 
 
 def test_a_recipe_case_trains_with_its_recipe_and_its_own_seed_count(tmp_path):
