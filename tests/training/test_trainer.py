@@ -550,6 +550,27 @@ def test_cli_reports_bad_config_in_one_line(capsys):
     assert "unknown config key 'trainer.iteratons' (did you mean 'trainer.iterations'?)" in capsys.readouterr().err
 
 
+def test_a_run_directory_in_use_is_refused_in_one_line_and_free_once_its_run_ends(tmp_path, capsys):
+    from filelock import FileLock
+
+    from agent_rl.cli import main
+    from agent_rl.training.loop.run_dir import LOCK_FILE
+
+    run_dir = tmp_path / "run"
+    first = Trainer.from_config(load_config(overrides=tiny_overrides(run_dir, "sft.mode=none")))
+    try:
+        # A second trainer (in this process or another) would delete the first one's saves in progress.
+        with pytest.raises(FileExistsError, match="in use by another training process"):
+            Trainer.from_config(load_config(overrides=tiny_overrides(run_dir, "sft.mode=none")), resume="auto")
+    finally:
+        first.close()
+    with FileLock(run_dir / LOCK_FILE):  # as another process training there holds it
+        assert main(["train", "--resume", "auto", *tiny_overrides(run_dir, "sft.mode=none")]) == 2
+    assert "is in use by another training process" in capsys.readouterr().err
+    assert not list(run_dir.glob("*.jsonl"))  # the refused runs wrote nothing
+    Trainer.from_config(load_config(overrides=tiny_overrides(run_dir, "sft.mode=none")), resume="auto").close()
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_short_run_with_vllm(tmp_path):

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from filelock import FileLock, Timeout
 from rich.console import Console
 
 from agent_rl.config import Config, ConfigError
@@ -31,6 +32,29 @@ def default_run_dir(config: Config) -> Path:
     return Path("runs") / f"{name}-{config.algo.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+LOCK_FILE = ".agent-rl.lock"
+"""Held by the process training in the directory, for as long as it trains."""
+
+
+def lock_run_dir(run_dir: Path, dist: DistContext) -> FileLock | None:
+    """Hold ``run_dir`` for this run (rank 0 for every learner process): a second process training
+    in it (a benchmark started twice, a resume beside the live run) would delete the first one's
+    checkpoint save in progress and interleave its logs. The operating system releases the lock when
+    the process ends, however it ends."""
+    if not dist.is_main:
+        return None
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(run_dir / LOCK_FILE)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise FileExistsError(
+            f"run directory {str(run_dir)!r} is in use by another training process; wait for it to end (or stop "
+            "it: it saves a checkpoint to resume from) or choose another trainer.run_dir"
+        ) from None
+    return lock
+
+
 def open_run_dir(
     config: Config,
     *,
@@ -41,11 +65,13 @@ def open_run_dir(
     generators: dict[str, Any],
     dist: DistContext,
     console: Console,
-) -> tuple[Path, tuple[int, dict[str, Any]] | None]:
-    """Set ``config.trainer.run_dir``, remove leftovers of interrupted saves, then restore the
+) -> tuple[Path, tuple[int, dict[str, Any]] | None, FileLock | None]:
+    """Set ``config.trainer.run_dir`` and hold it (:func:`lock_run_dir`), remove leftovers of
+    interrupted saves, then restore the
     checkpoint ``resume_from`` into ``model``, ``optimizer`` and ``generators`` (``resume``: True,
     or "auto" when the directory holds checkpoints) or claim the directory for a new run. Returns
-    the directory and, for a resumed run, its ``(iteration, trainer state)``."""
+    the directory, for a resumed run its ``(iteration, trainer state)``, and the lock to release
+    when the run ends."""
     if resume not in (False, True, "auto"):
         raise ValueError(f"resume must be False, True or 'auto', got {resume!r}")
     if resume_from not in checkpoint.POINTERS:
@@ -62,6 +88,28 @@ def open_run_dir(
         )
     run_dir = Path(config.trainer.run_dir) if config.trainer.run_dir else default_run_dir(config)
     config.trainer.run_dir = str(run_dir)
+    lock = lock_run_dir(run_dir, dist)
+    try:
+        opened = _restore_or_claim(run_dir, config, resume, resume_from, model, optimizer, generators, dist, console)
+        return (*opened, lock)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+
+
+def _restore_or_claim(
+    run_dir: Path,
+    config: Config,
+    resume: bool | str,
+    resume_from: str,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    generators: dict[str, Any],
+    dist: DistContext,
+    console: Console,
+) -> tuple[Path, tuple[int, dict[str, Any]] | None]:
+    """:func:`open_run_dir`'s work once the directory is held."""
     if dist.is_main and (left := checkpoint.remove_leftovers(run_dir)):
         console.print(f"removed {len(left)} leftover(s) of an interrupted save from {run_dir}")
     if resume == "auto":

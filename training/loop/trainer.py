@@ -96,7 +96,7 @@ class Trainer:
         self.learner = Learner(model, self.optimizer, cfg, np.random.default_rng([cfg.trainer.seed, 2]), self.dist)
         self.iteration = 0
         self.state: dict[str, Any] = {"best_success": -1.0, "best_iteration": -1, "elapsed_s": 0.0, "engine_calls": 0}
-        self.run_dir, resumed = open_run_dir(
+        self.run_dir, resumed, self._run_dir_lock = open_run_dir(
             cfg,
             resume=resume,
             resume_from=resume_from,
@@ -295,6 +295,8 @@ class Trainer:
             self.engine.close()
         if self.pool is not None:
             self.pool.close()
+        if self._run_dir_lock is not None:
+            self._run_dir_lock.release()
         shutdown_distributed(self.dist)
 
 
