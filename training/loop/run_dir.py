@@ -67,9 +67,9 @@ def open_run_dir(
     console: Console,
 ) -> tuple[Path, tuple[int, dict[str, Any]] | None, FileLock | None]:
     """Set ``config.trainer.run_dir`` and hold it (:func:`lock_run_dir`), remove leftovers of
-    interrupted saves, then restore the
-    checkpoint ``resume_from`` into ``model``, ``optimizer`` and ``generators`` (``resume``: True,
-    or "auto" when the directory holds checkpoints) or claim the directory for a new run. Returns
+    interrupted saves, then restore the checkpoint ``resume_from`` into ``model``, ``optimizer`` and
+    ``generators`` (``resume``: True, or "auto" when the directory holds checkpoints) or claim the
+    directory for a new run. Returns
     the directory, for a resumed run its ``(iteration, trainer state)``, and the lock to release
     when the run ends."""
     if resume not in (False, True, "auto"):
@@ -90,52 +90,38 @@ def open_run_dir(
     config.trainer.run_dir = str(run_dir)
     lock = lock_run_dir(run_dir, dist)
     try:
-        opened = _restore_or_claim(run_dir, config, resume, resume_from, model, optimizer, generators, dist, console)
-        return (*opened, lock)
+        if dist.is_main and (left := checkpoint.remove_leftovers(run_dir)):
+            console.print(f"removed {len(left)} leftover(s) of an interrupted save from {run_dir}")
+        if resume == "auto":
+            resume = broadcast_flag(dist.is_main and checkpoint.holds_checkpoints(run_dir), dist)
+            if not resume:
+                console.print(f"no checkpoint in {run_dir}: starting a new run")
+        if not resume:
+            checkpoint.claim_run_dir(run_dir, dist)
+            return run_dir, None, lock
+        iteration, state = checkpoint.resume_run(
+            run_dir,
+            config,
+            model=model,
+            optimizer=optimizer,
+            generators=generators,
+            may_change=RESUME_MAY_CHANGE,
+            which=resume_from,
+        )
+        console.print(f"[bold]resumed[/] {run_dir} at iteration {iteration} ({resume_from!r} checkpoint)")
+        if dist.is_main and (moved := checkpoint.rewind(run_dir, resume_from)):
+            console.print(
+                f"pointers {', '.join(moved)} now name iteration {iteration}; the iterations after it run again"
+            )
+        saved_threads = state.get("torch_threads")
+        if saved_threads is not None and saved_threads != torch.get_num_threads():
+            console.print(
+                f"[yellow]warning[/]: the checkpoint was written with {saved_threads} torch threads, this process has "
+                f"{torch.get_num_threads()}: float sums are ordered differently, so the run continues correctly "
+                "but not bit-identically to an uninterrupted one"
+            )
+        return run_dir, (iteration, state), lock
     except BaseException:
         if lock is not None:
             lock.release()
         raise
-
-
-def _restore_or_claim(
-    run_dir: Path,
-    config: Config,
-    resume: bool | str,
-    resume_from: str,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    generators: dict[str, Any],
-    dist: DistContext,
-    console: Console,
-) -> tuple[Path, tuple[int, dict[str, Any]] | None]:
-    """:func:`open_run_dir`'s work once the directory is held."""
-    if dist.is_main and (left := checkpoint.remove_leftovers(run_dir)):
-        console.print(f"removed {len(left)} leftover(s) of an interrupted save from {run_dir}")
-    if resume == "auto":
-        resume = broadcast_flag(dist.is_main and checkpoint.holds_checkpoints(run_dir), dist)
-        if not resume:
-            console.print(f"no checkpoint in {run_dir}: starting a new run")
-    if not resume:
-        checkpoint.claim_run_dir(run_dir, dist)
-        return run_dir, None
-    iteration, state = checkpoint.resume_run(
-        run_dir,
-        config,
-        model=model,
-        optimizer=optimizer,
-        generators=generators,
-        may_change=RESUME_MAY_CHANGE,
-        which=resume_from,
-    )
-    console.print(f"[bold]resumed[/] {run_dir} at iteration {iteration} ({resume_from!r} checkpoint)")
-    if dist.is_main and (moved := checkpoint.rewind(run_dir, resume_from)):
-        console.print(f"pointers {', '.join(moved)} now name iteration {iteration}; the iterations after it run again")
-    saved_threads = state.get("torch_threads")
-    if saved_threads is not None and saved_threads != torch.get_num_threads():
-        console.print(
-            f"[yellow]warning[/]: the checkpoint was written with {saved_threads} torch threads, this process has "
-            f"{torch.get_num_threads()}: float sums are ordered differently, so the run continues correctly "
-            "but not bit-identically to an uninterrupted one"
-        )
-    return run_dir, (iteration, state)
