@@ -12,6 +12,7 @@ success minus its iteration-0 success (the same run, the same held-out episodes)
     python -m agent_rl.benchmarks.lift --quick         # two tiny cases on 2 seeds, for the tests (a minute)
     agent-rl bench lift [--cases bandit,maze-clone] [--seeds 5] [--workers 2] [--engine auto] [--out DIR] [--report]
     agent-rl bench lift --cases bandit --set optim.lr=1e-4 algo.negative_weight=1 --out DIR   # other settings
+    agent-rl bench lift --cases maze-hold --set optim.target_kl=0.1 --out DIR --warm-starts-from OTHER  # RL only
 
 Runs go ``--workers`` at a time, one torch thread each; finished runs are skipped on a rerun and a
 run killed midway resumes from its last checkpoint. Stopping the benchmark (Ctrl-C, SIGTERM) stops its
@@ -285,10 +286,21 @@ class Run:
     settings: tuple[str, ...] = ()
     """Overrides on top of the case's (``--set``)."""
     engine: str = "auto"
+    warm_start: Path | None = None
+    """Another run directory of this case and seed (``--warm-starts-from``): this run starts from its
+    warm-start checkpoint (``sft``) instead of training its own."""
 
     @property
     def name(self) -> str:
         return f"{self.case.name} seed {self.seed}"
+
+    def warm_start_overrides(self) -> tuple[str, ...]:
+        """``policy=`` the shared warm start and no warm start of its own (none without ``warm_start``)."""
+        if self.warm_start is None:
+            return ()
+        from agent_rl.training.infra.checkpoint import find_checkpoint
+
+        return (f"policy={find_checkpoint(self.warm_start, 'sft').model_dir}", "sft.mode=none")
 
     @property
     def iterations(self) -> int:
@@ -306,6 +318,7 @@ class Run:
                 f"engine={self.engine}",
                 *self.case.overrides,
                 *self.settings,
+                *self.warm_start_overrides(),
                 f"trainer.iterations={self.case.iterations}",
                 f"trainer.eval_every={self.case.eval_every}",
                 f"trainer.seed={self.seed}",
@@ -331,11 +344,20 @@ def plan(
     settings: tuple[str, ...] = (),
     first_seed: int = 0,
     engine: str = "auto",
+    warm_starts_from: Path | None = None,
 ) -> list[Run]:
     """Every (case, seed) run: ``seeds`` per case, or each case's own count when None, from ``first_seed``
-    (fresh seeds confirm a setting that was chosen by looking at others)."""
+    (fresh seeds confirm a setting that was chosen by looking at others); with ``warm_starts_from``
+    (another ``--out``), each starts from the warm start of that one's run of the same case and seed."""
     return [
-        Run(case, seed, out / "runs" / case.name / f"seed{seed}", settings, engine)
+        Run(
+            case,
+            seed,
+            out / "runs" / case.name / f"seed{seed}",
+            settings,
+            engine,
+            warm_starts_from / "runs" / case.name / f"seed{seed}" if warm_starts_from else None,
+        )
         for case in cases
         for seed in range(first_seed, first_seed + (case.seeds if seeds is None else seeds))
     ]
@@ -628,6 +650,12 @@ def main(argv: list[str] | None = None) -> int:
         "--baseline", type=Path, help="another --out whose summary.json to compare with, paired by seed"
     )
     parser.add_argument(
+        "--warm-starts-from",
+        type=Path,
+        help="another --out whose runs of the same case and seed still hold their warm-start checkpoints: "
+        "start from those instead of training each warm start again (the RL phase alone; pilots of settings)",
+    )
+    parser.add_argument(
         "--set",
         nargs="+",
         default=[],
@@ -655,8 +683,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--first-seed must be >= 0")
     if args.baseline and not (args.baseline / "summary.json").is_file():
         parser.error(f"--baseline {args.baseline} holds no summary.json: run --report --out {args.baseline} first")
-    runs = plan(cases, seeds, args.out, settings, args.first_seed, args.engine)
+    runs = plan(cases, seeds, args.out, settings, args.first_seed, args.engine, args.warm_starts_from)
     if not args.report:
+        from agent_rl.training.infra.checkpoint import CheckpointError
+
+        try:
+            for run in runs:  # a missing warm start fails here, before any run starts
+                if not run.done:
+                    run.warm_start_overrides()
+        except CheckpointError as exc:
+            parser.error(f"--warm-starts-from: {exc}")
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns) as progress:
             try:

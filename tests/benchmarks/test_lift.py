@@ -16,6 +16,7 @@ import pytest
 from agent_rl.benchmarks import lift
 from agent_rl.benchmarks.lift_envs import DIALS, DOOR_OF_SIGN, DOORS, TURN_OF_SYMBOL
 from agent_rl.envs import check_text_env
+from agent_rl.training.infra.logger import read_metrics
 
 
 def test_goals_by_hand():
@@ -275,6 +276,16 @@ def test_quick_run_stops_resumes_writes_curves_lifts_and_reports_again_without_t
     assert "no difference shown at 5% family-wise" in (tmp_path / "summary.md").read_text()
     assert lift.main(["--quick", "--out", str(tmp_path / "empty"), "--report"]) == 1
     assert "no finished runs" in capsys.readouterr().err
+    # Another setting from the same warm starts: the RL phase alone, from the same iteration-0 policy
+    # (greedy play is the same; sampling draws from a stream the warm start did not advance).
+    shared = tmp_path / "shared"
+    reuse = ["--quick", "--cases", "say", "--out", str(shared), "--engine", "hf", "--warm-starts-from", str(tmp_path)]
+    assert lift.main(reuse) == 0
+    for seed in (0, 1):
+        own, reused = (read_metrics(root / f"runs/say/seed{seed}") for root in (tmp_path, shared))
+        assert "sft/steps_taken" in own[0] and "sft/steps_taken" not in reused[0]  # no warm start of its own
+        for key in ("eval/greedy_success", "eval/greedy_invalid_rate", "eval/greedy_length"):
+            assert reused[0][key] == own[0][key]
 
 
 def test_bad_settings_fail_before_any_run(tmp_path, capsys):
@@ -284,6 +295,9 @@ def test_bad_settings_fail_before_any_run(tmp_path, capsys):
     with pytest.raises(SystemExit):
         lift.main(["--quick", "--out", str(tmp_path), "--baseline", str(tmp_path / "other")])
     assert "holds no summary.json" in capsys.readouterr().err and not (tmp_path / "runs").exists()
+    with pytest.raises(SystemExit):
+        lift.main(["--quick", "--out", str(tmp_path), "--warm-starts-from", str(tmp_path / "other")])
+    assert "--warm-starts-from: no 'sft' checkpoint" in capsys.readouterr().err and not (tmp_path / "runs").exists()
 
 
 def test_a_case_without_sampled_evaluation_reports_dashes(tmp_path):
