@@ -178,6 +178,7 @@ QUICK_GRID = (
             "rollout.max_turns=3",
             "rollout.history_turns=0",
             "rollout.max_new_tokens=8",
+            "rollout.min_batch_rows=0",
             "sft.mode=oracle",
             "sft.steps=2",
             "sft.episodes=2",
