@@ -69,9 +69,8 @@ def open_run_dir(
     """Set ``config.trainer.run_dir`` and hold it (:func:`lock_run_dir`), remove leftovers of
     interrupted saves, then restore the checkpoint ``resume_from`` into ``model``, ``optimizer`` and
     ``generators`` (``resume``: True, or "auto" when the directory holds checkpoints) or claim the
-    directory for a new run. Returns
-    the directory, for a resumed run its ``(iteration, trainer state)``, and the lock to release
-    when the run ends."""
+    directory for a new run. Returns the directory, for a resumed run its ``(iteration, trainer
+    state)``, and the lock to release when the run ends."""
     if resume not in (False, True, "auto"):
         raise ValueError(f"resume must be False, True or 'auto', got {resume!r}")
     if resume_from not in checkpoint.POINTERS:
