@@ -79,6 +79,12 @@ class PolicyConfig:
     AVX512-BF16 or AMX; on any other device the trainer refuses it with a ``ConfigError``. ``auto`` is ``bf16`` where
     ``policy.device`` has it, else ``fp32``; the trainer prints the choice and the run's
     ``config.yaml`` records it."""
+    tokenizer_envs: list[str] = field(default_factory=list)
+    """Environment ids the embedded model's tokenizer is also trained on, besides the bundled games (a
+    third-party or user env, ``[textarena/FrozenLake-v0]`` say): its rules text and observations then
+    cost a few characters per token instead of about one, and a long-prompt game's warm start and
+    iterations cost that much less (docs/benchmarks.md, long prompts). Another list builds another
+    embedded model (its own vocabulary, so other initial weights). Only with ``policy=embedded``."""
     cache_dir: str | None = None
     """Where the embedded model and GGUF conversions are cached; None uses ``$AGENT_RL_CACHE/policies``
     (default: the user cache directory)."""

@@ -51,6 +51,11 @@ def validate(config: Config) -> None:
         "env.timeout_s",
         f"must be > 0 seconds, or null for no limit, got {config.env.timeout_s}",
     )
+    _require(
+        not config.policy.tokenizer_envs or config.policy.name_or_path == "embedded",
+        "policy.tokenizer_envs",
+        f"only the embedded policy's tokenizer is built; {config.policy.name_or_path!r} brings its own",
+    )
     _require(config.policy.lora_rank >= 0, "policy.lora_rank", "must be >= 0 (0 = full fine-tuning)")
     _require(config.policy.lora_alpha > 0, "policy.lora_alpha", "must be > 0")
     _require(

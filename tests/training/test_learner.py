@@ -49,11 +49,12 @@ def test_response_logits_targets_and_mask(policy):
     assert torch.allclose(torch.log_softmax(logits, -1).gather(2, targets[..., None])[..., 0] * mask, logp, atol=1e-6)
 
 
-def test_a_shared_prompt_prefix_is_forwarded_once_with_unchanged_logits_and_gradients(policy):
+def test_shared_prefixes_and_repeated_prompts_are_forwarded_once_with_unchanged_logits_and_gradients(policy):
     model, _ = policy
     shared = [1, 5, 9, 30, 31, 32]
-    prompts = [shared + [7], shared + [8, 8, 8], shared]  # the last prompt is all shared prefix
-    responses = [[11, 12], [40], [2, 3, 50]]
+    # The last prompt is all shared prefix; the first and fourth are the same prompt.
+    prompts = [shared + [7], shared + [8, 8, 8], shared, shared + [7]]
+    responses = [[11, 12], [40], [2, 3, 50], [13, 14, 15]]
     widths = []
     hook = model.get_input_embeddings().register_forward_hook(lambda m, args, out: widths.append(tuple(args[0].shape)))
     try:
@@ -61,8 +62,9 @@ def test_a_shared_prompt_prefix_is_forwarded_once_with_unchanged_logits_and_grad
     finally:
         hook.remove()
     # All but the last token of the shortest prompt once (its last token's logits predict a response),
-    # then the rest of every prompt (at most 4 tokens) and the responses (at most 3).
-    assert widths == [(1, 5), (3, 7)]
+    # then the 3 distinct rests of the prompts (at most 4 tokens), then the 4 responses but their
+    # last tokens (at most 2).
+    assert widths == [(1, 5), (3, 4), (4, 2)]
     parameters = [p for p in model.parameters() if p.requires_grad]
     logp = torch.log_softmax(logits, -1).gather(2, targets[..., None])[..., 0] * mask
     got = torch.autograd.grad(logp.sum(), parameters)
@@ -74,6 +76,26 @@ def test_a_shared_prompt_prefix_is_forwarded_once_with_unchanged_logits_and_grad
     expected = torch.autograd.grad(torch.cat(expected_logp).sum(), parameters)
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("sliding_window", [None, 3])
+@settings(max_examples=15, deadline=None)
+@given(data=st.data())
+def test_response_logits_equal_separate_forward_passes_for_any_mix_of_repeated_prompts(sliding_window, data):
+    """Prompts drawn from a few (so some repeat, some share a prefix), responses of 0-4 tokens: each
+    row's logits are its own forward pass's, with a full-attention model and a sliding-window one."""
+    model = _tiny_model(sliding_window)
+    pool = data.draw(st.lists(st.lists(st.integers(3, 39), min_size=1, max_size=6), min_size=1, max_size=3))
+    head = data.draw(st.lists(st.integers(3, 39), max_size=5))
+    picks = data.draw(st.lists(st.integers(0, len(pool) - 1), min_size=1, max_size=6))
+    prompts = [head + pool[k] for k in picks]
+    responses = [data.draw(st.lists(st.integers(3, 39), max_size=4)) for _ in picks]
+    with torch.no_grad():
+        logits, targets, mask = response_logits(model, prompts, responses)
+        for i, (prompt, response) in enumerate(zip(prompts, responses)):
+            own = model(torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1]
+            torch.testing.assert_close(logits[i, : len(response)], own, atol=1e-5, rtol=0)
+            assert targets[i, : len(response)].tolist() == response and mask[i].sum() == len(response)
 
 
 def test_sequence_logprobs_carry_gradients(policy):
@@ -524,7 +546,8 @@ def test_the_warmup_counts_optimizer_steps_across_updates_and_a_restored_optimiz
 # ---- micro-batch invariance -----------------------------------------------------------------------------
 
 
-def _tiny_model():
+def _tiny_model(sliding_window: int | None = None):
+    """A 2-layer Qwen2, its layers sliding-window ones when ``sliding_window`` is set."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
@@ -536,6 +559,9 @@ def _tiny_model():
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=128,
+        use_sliding_window=sliding_window is not None,
+        sliding_window=sliding_window,
+        max_window_layers=0,
     )
     return Qwen2ForCausalLM(config).eval()
 
@@ -611,13 +637,19 @@ def test_forwarded_tokens_count_shared_prefixes_once_and_padding():
             micro_batch_size=micro_batch_size,
         )["forwarded_tokens"]
 
-    # The first two share [1, 2]: forwarded once, then 2 rows x (2 more prompt + 2 response tokens).
-    assert forwarded([1.0, -1.0, 0.0], 3) == 2 + 2 * (2 + 2)
-    # With the third row, the plan keeps the two apart from it (10 + 5 tokens), cheaper than one
-    # micro-batch padding all three to 4 prompt + 3 response tokens (21).
-    assert forwarded([1.0, -1.0, 0.5], 3) == 10 + (2 + 3)
-    # One row per micro-batch: each row's own length; a zero-advantage row is not forwarded.
-    assert forwarded([1.0, 0.0, 0.5], 1) == (4 + 2) + (2 + 3)
+    # The first two share [1, 2]: forwarded once, then 2 distinct rests of 2 prompt tokens, then 2
+    # rows x 1 response token (the last response token predicts nothing).
+    assert forwarded([1.0, -1.0, 0.0], 3) == 2 + 2 * 2 + 2 * 1
+    # With the third row, the plan keeps the two apart from it (8 + 4 tokens), cheaper than one
+    # micro-batch padding all three to 4 prompt tokens and 2 response tokens (12 + 6).
+    assert forwarded([1.0, -1.0, 0.5], 3) == 8 + (2 + 2)
+    # One row per micro-batch: each row's own length less one; a zero-advantage row is not forwarded.
+    assert forwarded([1.0, 0.0, 0.5], 1) == (4 + 1) + (2 + 2)
+    # A row repeating the first row's prompt (another reply to it) adds only its response.
+    prompts.append(prompts[0])
+    responses.append(np.array([12, 13]))
+    old.append(np.full(2, -2.0, dtype=np.float32))
+    assert forwarded([1.0, -1.0, 0.0, 0.5], 4) == 2 + 2 * 2 + 3 * 1
 
 
 def _length_plan(prompts, responses, rows, size):
@@ -626,7 +658,8 @@ def _length_plan(prompts, responses, rows, size):
 
 
 def _tokens(plan, prompts, responses):
-    """Forwarded tokens, counted row by row: the micro-batch's shared prefix once, the rest padded."""
+    """Forwarded tokens, counted row by row: the micro-batch's shared prefix once, each distinct rest of
+    a prompt once, padded, and every response but its last token, padded."""
     total = 0
     for batch in plan:
         shared = 0
@@ -642,8 +675,9 @@ def _tokens(plan, prompts, responses):
                 ),
                 min(len(prompts[i]) for i in batch) - 1,
             )
-        rest = max(len(prompts[i]) for i in batch) - shared + max(len(responses[i]) for i in batch)
-        total += shared + len(batch) * rest
+        distinct = len({tuple(prompts[i][shared:]) for i in batch})
+        rest = max(len(prompts[i]) for i in batch) - shared
+        total += shared + distinct * rest + len(batch) * (max(len(responses[i]) for i in batch) - 1)
     return total
 
 

@@ -141,3 +141,40 @@ def test_local_directory_uses_its_own_chat_template(embedded, tmp_path):
     assert plain.apply_chat_template(
         [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
     ) == ("### user:\nhi\n\n### assistant:\n")
+
+
+def test_tokenizer_env_ids_add_to_the_bundled_games_once():
+    from agent_rl.training.models.embedded import POLICY_CONFIG, tokenizer_env_ids
+
+    bundled = json.loads(POLICY_CONFIG.read_text())["tokenizer"]["envs"]
+    assert tokenizer_env_ids([]) is None and tokenizer_env_ids(bundled[:1]) is None  # the default model
+    assert tokenizer_env_ids(["usertest/Counter-v0", bundled[0], "usertest/Counter-v0"]) == [
+        *bundled,
+        "usertest/Counter-v0",
+    ]
+
+
+def test_an_embedded_tokenizer_covering_a_user_env_spends_fewer_tokens_on_its_text(embedded, tmp_path):
+    import user_env_example  # noqa: F401  (registers usertest/Counter-v0)
+
+    from agent_rl.training.models.embedded import tokenizer_env_ids
+
+    directory = policy_dir("embedded", cache_dir=tmp_path, env_ids=tokenizer_env_ids(["usertest/Counter-v0"]))
+    assert directory.name != policy_dir("embedded").name
+    assert "usertest/Counter-v0" in json.loads((directory / "agent_rl_embedded.json").read_text())["env_ids"]
+    _, covering = load_policy(directory)
+    text = "Make the counter equal 4. The counter shows 3."
+    default_ids = embedded[1](text, add_special_tokens=False)["input_ids"]
+    covering_ids = covering(text, add_special_tokens=False)["input_ids"]
+    assert covering.decode(covering_ids) == text
+    assert len(covering_ids) < len(default_ids)
+
+
+def test_tokenizer_envs_need_the_embedded_policy():
+    from agent_rl.config import ConfigError, load_config
+
+    assert load_config(overrides=["policy.tokenizer_envs=[textarena/FrozenLake-v0]"]).policy.tokenizer_envs == [
+        "textarena/FrozenLake-v0"
+    ]
+    with pytest.raises(ConfigError, match="policy.tokenizer_envs"):
+        load_config(overrides=["policy=smollm2-135m-instruct", "policy.tokenizer_envs=[textarena/FrozenLake-v0]"])

@@ -1,8 +1,9 @@
 """Teacher-forced logprobs of responses given their prompts.
 
-``response_logits`` forwards the prefix that all prompts of a batch share once and repeats its KV
-cache over the rows; ``sequence_logprobs`` turns the logits into per-token logprobs and
-``recompute_logprobs`` scores a rollout batch with the learner's weights.
+``response_logits`` forwards each token once however many rows share it (the prefix all prompts of a
+batch share, then each distinct prompt) and repeats the KV caches over the rows;
+``sequence_logprobs`` turns the logits into per-token logprobs and ``recompute_logprobs`` scores a
+rollout batch with the learner's weights.
 """
 
 from __future__ import annotations
@@ -15,7 +16,12 @@ import torch.nn.functional as F
 
 from agent_rl.core.batch import StepBatch
 from agent_rl.training.infra.distributed import forward_precision
-from agent_rl.training.models.prefix_sharing import repeated_prefix_cache, shared_prefix_length, shares_prefixes
+from agent_rl.training.models.prefix_sharing import (
+    distinct_rests,
+    repeated_prefix_cache,
+    shared_prefix_length,
+    shares_prefixes,
+)
 
 
 def response_logits(
@@ -28,12 +34,14 @@ def response_logits(
     shapes ``(B, T, V)``, ``(B, T)``, ``(B, T)``; ``T`` is the longest response and ``mask`` is 1.0 on
     real response tokens.
 
-    The prefix that all prompts share (a system prompt, a task) is forwarded once and its KV cache
-    repeated over the batch; gradients flow back through that cache, so the result equals B separate
-    forward passes. The rest of each prompt is left-padded and its response right-padded, so every
-    response starts at the same column and only the last ``T + 1`` positions need logits. Gradients
-    flow when grad mode is on. ``precision`` ``bf16`` runs the body under bfloat16 autocast and the
-    output head in float32 (``agent_rl.training.infra.distributed.forward_precision``)."""
+    Each token is forwarded once however many rows share it, in three passes that extend one KV cache:
+    the prefix all prompts share (a system prompt, a rules text) as one sequence; then each distinct
+    rest of a prompt once (the rows of a GRPO group share their first turn's prompt, and a weak policy
+    revisits states), left-padded; then every row's response, right-padded, on its prompt's cache
+    (the last response token predicts nothing and is not forwarded). Gradients flow back through the
+    repeated caches, so the result equals B separate forward passes, gradients included, when grad
+    mode is on. ``precision`` ``bf16`` runs the body under bfloat16 autocast and the output head in
+    float32 (``agent_rl.training.infra.distributed.forward_precision``)."""
     if len(prompt_ids_list) != len(response_ids_list):
         raise ValueError(f"{len(prompt_ids_list)} prompts but {len(response_ids_list)} responses")
     if any(len(p) == 0 for p in prompt_ids_list):
@@ -41,33 +49,48 @@ def response_logits(
     device = next(model.parameters()).device
     batch = len(prompt_ids_list)
     shared = shared_prefix_length(prompt_ids_list) if shares_prefixes(model) else 0
-    suffixes = [p[shared:] for p in prompt_ids_list]
-    prompt_width = max(len(p) for p in suffixes)
+    rests, row_rest = distinct_rests(prompt_ids_list, shared)
     response_width = max((len(r) for r in response_ids_list), default=0)
-    input_ids = torch.zeros((batch, prompt_width + response_width), dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    for i, (p, r) in enumerate(zip(suffixes, response_ids_list)):
-        input_ids[i, prompt_width - len(p) : prompt_width + len(r)] = torch.tensor([*p, *r], dtype=torch.long)
-        attention_mask[i, prompt_width - len(p) : prompt_width + len(r)] = 1
-    mask = attention_mask[:, prompt_width:].to(device=device, dtype=torch.float32)
-    targets = input_ids[:, prompt_width:].to(device)
+    responses = torch.zeros((batch, response_width), dtype=torch.long)
+    response_mask = torch.zeros_like(responses)
+    for i, r in enumerate(response_ids_list):
+        responses[i, : len(r)] = torch.as_tensor(r, dtype=torch.long)
+        response_mask[i, : len(r)] = 1
+    targets, mask = responses.to(device), response_mask.to(device=device, dtype=torch.float32)
     if response_width == 0:
         return torch.zeros((batch, 0, model.config.vocab_size), device=device), targets, mask
-    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-    position_ids = shared + (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-    past = None
+    rest_width = max(len(p) for p in rests)
+    rest_ids = torch.zeros((len(rests), rest_width), dtype=torch.long)
+    rest_mask = torch.zeros_like(rest_ids)
+    for i, p in enumerate(rests):
+        rest_ids[i, rest_width - len(p) :] = torch.as_tensor(p, dtype=torch.long)
+        rest_mask[i, rest_width - len(p) :] = 1
+    prompt_mask = torch.cat([rest_mask.new_ones((len(rests), shared)), rest_mask], dim=1).to(device)
+    rows = torch.as_tensor(row_rest, dtype=torch.long, device=device)
     with forward_precision(model, device, precision):
-        if shared:
-            past = repeated_prefix_cache(model, prompt_ids_list[0][:shared], batch, device)
-            attention_mask = torch.cat([attention_mask.new_ones((batch, shared)), attention_mask], dim=1)
-        logits = model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
+        past = repeated_prefix_cache(model, prompt_ids_list[0][:shared], len(rests), device) if shared else None
+        prompt_pass = model(
+            input_ids=rest_ids.to(device),
+            attention_mask=prompt_mask,
+            position_ids=shared + (prompt_mask[:, shared:].cumsum(dim=1) - 1).clamp(min=0),
             past_key_values=past,
-            logits_to_keep=response_width + 1,
-            use_cache=past is not None,
-        ).logits[:, :-1]
+            logits_to_keep=1,
+            use_cache=True,
+        )
+        logits = prompt_pass.logits[rows]  # the prompt's last token predicts the first response token
+        if response_width > 1:
+            cache = prompt_pass.past_key_values
+            cache.batch_select_indices(rows)
+            rest_lengths = rest_mask.sum(dim=1).to(device)[rows]
+            response_pass = model(
+                input_ids=targets[:, :-1],
+                attention_mask=torch.cat([prompt_mask[rows], response_mask[:, :-1].to(device)], dim=1),
+                position_ids=(shared + rest_lengths)[:, None] + torch.arange(response_width - 1, device=device),
+                past_key_values=cache,
+                logits_to_keep=response_width - 1,
+                use_cache=True,
+            )
+            logits = torch.cat([logits, response_pass.logits], dim=1)
     return logits, targets, mask
 
 

@@ -10,20 +10,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from agent_rl.training.models.prefix_sharing import shared_prefix_length
+from agent_rl.training.models.prefix_sharing import distinct_rests, shared_prefix_length
 
 
 def forwarded_tokens(
     batches: list[np.ndarray], prompts: list[np.ndarray], prompt_lengths: np.ndarray, response_lengths: np.ndarray
 ) -> int:
     """Tokens ``response_logits`` (``agent_rl.training.loop.logprobs``) forwards for ``batches``: the
-    shared prefix once, then every row padded to the batch's longest rest of prompt and longest
-    response."""
+    shared prefix once, each distinct rest of a prompt once padded to the longest, then every row's
+    response but its last token, padded to the longest."""
     total = 0
     for batch in batches:
         shared = shared_prefix_length([prompts[i] for i in batch])
-        rest = int(prompt_lengths[batch].max()) - shared + int(response_lengths[batch].max())
-        total += shared + len(batch) * rest
+        distinct = len(distinct_rests([prompts[i] for i in batch], shared)[0])
+        rest = int(prompt_lengths[batch].max()) - shared
+        total += shared + distinct * rest + len(batch) * max(int(response_lengths[batch].max()) - 1, 0)
     return total
 
 

@@ -146,6 +146,7 @@ class Trainer:
         and torch with ``trainer.seed`` first. ``kwargs`` go to the constructor (``resume``, ...)."""
         from transformers.utils import logging as hf_logging
 
+        from agent_rl.training.models.embedded import tokenizer_env_ids
         from agent_rl.training.models.policy import load_policy
 
         hf_logging.disable_progress_bar()  # our own progress display replaces the per-shard bars
@@ -153,7 +154,12 @@ class Trainer:
         seed_everything(config.trainer.seed)
         if model is None:
             device = resolve_device(config.policy.device)
-            model, tokenizer = load_policy(config.policy.name_or_path, device=device, cache_dir=config.policy.cache_dir)
+            model, tokenizer = load_policy(
+                config.policy.name_or_path,
+                device=device,
+                cache_dir=config.policy.cache_dir,
+                env_ids=tokenizer_env_ids(config.policy.tokenizer_envs),
+            )
         if tokenizer is None:
             raise ValueError("a model needs its tokenizer: pass both")
         return cls(config, model=model, tokenizer=tokenizer, make_env=make_env, engine=engine, **kwargs)

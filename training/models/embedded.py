@@ -76,6 +76,14 @@ def embedded_policy_dir(root: Path, env_ids: list[str] | None = None) -> Path:
     return target
 
 
+def tokenizer_env_ids(extra: list[str]) -> list[str] | None:
+    """The environments an embedded tokenizer covers: the bundled games of ``tiny_policy.json`` and
+    ``extra`` (``policy.tokenizer_envs``); None (the default model) when ``extra`` adds none."""
+    bundled = json.loads(POLICY_CONFIG.read_text())["tokenizer"]["envs"]
+    added = [env_id for env_id in dict.fromkeys(extra) if env_id not in bundled]
+    return bundled + added if added else None
+
+
 def covered_envs(env_ids: list[str]) -> tuple[list[str], dict[str, str]]:
     """Those of ``env_ids`` whose entry point's module is installed, with a digest of its source (the
     module is found, not imported)."""

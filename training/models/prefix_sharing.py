@@ -1,7 +1,7 @@
 """Prompt prefixes that a batch shares, forwarded once: the learner's teacher-forced passes
 (``agent_rl.training.loop.logprobs``) and the hf engine's prefill (``agent_rl.training.serving.engines``)
 both run the prefix that every row starts with (a system prompt, a rules text) as one sequence and
-repeat its KV cache over the rows."""
+repeat its KV cache over the rows; the learner forwards each distinct rest of a prompt once too."""
 
 from __future__ import annotations
 
@@ -21,6 +21,20 @@ def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
     matrix = np.array([p[:width] for p in prompts]).reshape(len(prompts), width)
     differs = (matrix != matrix[0]).any(axis=0)
     return int(differs.argmax()) if differs.any() else width
+
+
+def distinct_rests(prompts: Sequence[Sequence[int]], shared: int) -> tuple[list[list[int]], list[int]]:
+    """The distinct prompts of a batch past their first ``shared`` tokens, in order of first
+    appearance, and the index of each row's among them."""
+    index: dict[bytes, int] = {}
+    rests: list[list[int]] = []
+    row_rest = []
+    for prompt in prompts:
+        rest = np.asarray(prompt[shared:], dtype=np.int64)
+        row_rest.append(index.setdefault(rest.tobytes(), len(index)))
+        if row_rest[-1] == len(rests):
+            rests.append(rest.tolist())
+    return rests, row_rest
 
 
 def shares_prefixes(model: torch.nn.Module) -> bool:
