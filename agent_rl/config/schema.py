@@ -278,6 +278,12 @@ class OptimizerConfig:
     (``update/epochs``). The steps per pass follow the learnable trajectories (``minibatch_size``),
     so a sparse task whose groups rarely hold a win gets one or two steps an iteration while a dense
     one gets dozens; this lifts the first without touching the second. 0 keeps ``epochs``."""
+    extra_passes_on: Literal["all", "positive"] = "all"
+    """The rows of the passes ``min_steps`` adds after ``epochs``: ``all`` the learnable rows, or
+    ``positive`` only the rows with a positive advantage (passes over their trajectories, raised
+    until the update takes ``min_steps`` steps). The extra steps then push up the rare wins of a
+    sparse task and never push sampled tokens down again: pushing down moves probability onto tokens
+    the batch never sampled, which lets a strong policy drift or a reply format break."""
     target_kl: float | None = None
     """Stop an update early once a minibatch's approximate KL from the policy that sampled the batch
     (k3, per token, measured before that minibatch's step) exceeds this: neither that step nor any

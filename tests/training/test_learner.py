@@ -381,6 +381,38 @@ def test_min_steps_raises_the_epochs_until_the_update_takes_that_many_steps(poli
     assert metrics.get("update/epochs") == (float(epochs) if min_steps else None)
 
 
+@pytest.mark.parametrize(
+    "advantages, steps, epochs",
+    [(np.linspace(-1.0, 1.0, 8), 6, 3), (np.array([-1.0, -0.5, 0.0, -0.25, -1.0, -2.0, -0.5, -0.1]), 2, 1)],
+)
+def test_extra_passes_on_positive_rows_learn_from_the_wins_alone(policy, monkeypatch, advantages, steps, epochs):
+    """8 trajectories, 1 pass of 2 minibatches, min_steps 6: with extra_passes_on=positive the added
+    passes hold only the rows with a positive advantage (4 of them: 2 minibatches a pass, 2 passes
+    more), each pass all of them; a batch with no positive row gets no extra pass."""
+    import agent_rl.training.loop.learner as learner_module
+
+    model, _ = policy
+    prompts, responses, _ = _synthetic_rows(model.config.vocab_size, 8, seed=5)
+    overrides = ["optim.epochs=1", "optim.minibatches=2", "optim.minibatch_size=0", "optim.min_steps=6"]
+    overrides += ["optim.extra_passes_on=positive", "algo.loss=grpo", "algo.kl_coef=0", "engine=hf"]
+    config = resolve(load_config(overrides=overrides))
+    seen = []
+    real = learner_module.accumulate_policy_gradient
+    monkeypatch.setattr(
+        learner_module, "accumulate_policy_gradient", lambda *a, **k: (seen.append(a[4].copy()), real(*a, **k))[1]
+    )
+    trained = copy.deepcopy(model)
+    learner = Learner(trained, torch.optim.AdamW(trained.parameters(), lr=1e-3), config, np.random.default_rng(0))
+    old = [np.zeros(len(r), dtype=np.float32) for r in responses]
+    with Progress(disable=True) as progress:
+        metrics = learner.optimize(prompts, responses, old, advantages, progress)
+    assert metrics["update/optimizer_steps"] == steps and metrics["update/epochs"] == epochs
+    learnable = np.sort(advantages[advantages != 0])
+    assert np.array_equal(np.sort(np.concatenate(seen[:2])), learnable)  # the first pass: every learnable row
+    for extra_pass in (seen[2:4], seen[4:6])[: (steps - 2) // 2]:
+        assert np.array_equal(np.sort(np.concatenate(extra_pass)), np.sort(advantages[advantages > 0]))
+
+
 @pytest.mark.parametrize("key, value", [("target_kl", 0), ("target_kl", -0.1), ("min_steps", -1)])
 def test_a_target_kl_that_is_not_positive_and_negative_min_steps_are_config_errors(key, value):
     from agent_rl.config import ConfigError

@@ -276,17 +276,27 @@ class Learner:
             learnable[np.argsort(unit_of_row, kind="stable")], np.cumsum(np.bincount(unit_of_row))[:-1]
         )
         parts = minibatch_count(len(units), optim)
-        epochs = max(optim.epochs, -(-optim.min_steps // parts))  # ceil: at least min_steps steps
-        task = progress.add_task("update", total=epochs * parts)
+        extra_rows = rows_of_unit
+        if optim.extra_passes_on == "positive":
+            extra_rows = [rows[advantages[rows] > 0] for rows in rows_of_unit]
+        extra_units = np.flatnonzero([len(rows) > 0 for rows in extra_rows])
+        extra_parts = minibatch_count(len(extra_units), optim) if len(extra_units) else 0
+        missing = optim.min_steps - optim.epochs * parts
+        extra_epochs = -(-missing // extra_parts) if missing > 0 and extra_parts else 0  # ceil
+        task = progress.add_task("update", total=optim.epochs * parts + extra_epochs * extra_parts)
         step_metrics: list[dict[str, float]] = []
         nonfinite = 0
         kl_stopped = False
         params = [p for p in self.model.parameters() if p.requires_grad]
+        passes = [(rows_of_unit, np.arange(len(units)), parts)] * optim.epochs
+        passes += [(extra_rows, extra_units, extra_parts)] * extra_epochs
         minibatches = (
-            chosen for _ in range(epochs) for chosen in np.array_split(self.shuffle_rng.permutation(len(units)), parts)
+            (pass_rows, pass_units[chosen])
+            for pass_rows, pass_units, pass_parts in passes
+            for chosen in np.array_split(self.shuffle_rng.permutation(len(pass_units)), pass_parts)
         )
-        for index, chosen in enumerate(minibatches):
-            rows = np.concatenate([rows_of_unit[u] for u in chosen])
+        for index, (pass_rows, chosen) in enumerate(minibatches):
+            rows = np.concatenate([pass_rows[u] for u in chosen])
             self.optimizer.zero_grad(set_to_none=True)
             metrics = accumulate_policy_gradient(
                 self.model,
@@ -335,7 +345,7 @@ class Learner:
         if optim.target_kl is not None:
             combined["kl_stopped"] = float(kl_stopped)
         if optim.min_steps:
-            combined["epochs"] = float(epochs)
+            combined["epochs"] = float(optim.epochs + extra_epochs)
         combined["learnable_rows"] = float(len(learnable))
         combined["learnable_fraction"] = len(learnable) / len(prompts)  # the share of rows with a gradient
         combined["learnable_trajectories"] = float(len(units))
