@@ -1,10 +1,10 @@
-"""What a long shared prompt costs the hf engine, with its shared prefix prefilled once and without.
+"""What a long shared prompt costs the hf engine, with what its rows share prefilled once and without.
 
 A game whose prompt carries a rules text (TextArena FrozenLake by default) sends, at the first turn
 of a GRPO batch, ``groups`` x ``group size`` prompts that all start with the same system prompt and
-rules. The hf engine prefills that prefix once and repeats its KV cache over the rows
-(``HFEngine(share_prefixes=True)``, the default) or prefills every row whole
-(``share_prefixes=False``); both give the same completions. For each it times one sampled
+rules, each group's the same prompt. The hf engine prefills that prefix once and each distinct
+prompt once and repeats their KV caches over the rows (``HFEngine(share_prefixes=True)``, the
+default) or prefills every row whole (``share_prefixes=False``); both give the same completions. For each it times one sampled
 ``generate`` of the batch (best of ``--repeats``) on the embedded model, one torch thread, and
 records the prompts' length and the shared prefix's.
 
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     seconds, completions = {}, {}
     for share in (True, False):
         engine = HFEngine(model, tokenizer, seed=0, share_prefixes=share)
-        key = "shared_prefix_once" if share else "every_row_whole"
+        key = "shared_once" if share else "every_row_whole"
 
         def generate(engine=engine, key=key):
             engine.calls = 0  # every repeat draws the same samples
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             "max_new_tokens": args.max_new_tokens,
             "torch_threads": 1,
             "generate_seconds": seconds,
-            "speedup": seconds["every_row_whole"] / seconds["shared_prefix_once"],
+            "speedup": seconds["every_row_whole"] / seconds["shared_once"],
             "same_completions": tokens[0] == tokens[1],
         },
     )

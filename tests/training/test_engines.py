@@ -145,6 +145,29 @@ def test_hf_update_weights_uses_the_new_model(policy, prompts):
     assert max_logprob_gap(model, prompts, completions, 1.0) > 1e-2
 
 
+@pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
+def test_hf_prefills_each_distinct_prompt_once_with_the_same_completions(policy, prompts, greedy):
+    """Prompts that repeat (a group's first turn, a state several episodes reached) and share no
+    prefix: each distinct one is prefilled once, and the completions are those of separate prefills."""
+    model, tokenizer = policy
+    repeated = [prompts[0], prompts[1], prompts[0], prompts[2], prompts[1]]
+    from agent_rl.training.models.prefix_sharing import shared_prefix_length
+
+    assert shared_prefix_length(repeated) == 0
+    forwarded = []
+    hook = model.get_input_embeddings().register_forward_hook(lambda m, a, out: forwarded.append(tuple(a[0].shape)))
+    try:
+        once = HFEngine(model, tokenizer, seed=5).generate(repeated, 2, SamplingParams(max_new_tokens=8, greedy=greedy))
+    finally:
+        hook.remove()
+    assert forwarded[0][0] == 3  # the three distinct prompts, before generate's first step over 10 rows
+    separately = HFEngine(model, tokenizer, seed=5, share_prefixes=False).generate(
+        repeated, 2, SamplingParams(max_new_tokens=8, greedy=greedy)
+    )
+    assert [[c.token_ids for c in g] for g in once] == [[c.token_ids for c in g] for g in separately]
+    assert max_logprob_gap(model, repeated, once, 1.0) < TOLERANCE
+
+
 def test_engine_and_sampling_arguments_are_validated(policy):
     model, tokenizer = policy
     with pytest.raises(ValueError, match="unknown engine"):
