@@ -36,7 +36,7 @@ from agent_rl.training.models.policy import load_tokenizer, policy_dir
 from agent_rl.training.models.prompts import PromptFormat
 
 FROZENLAKE_CASE = ("sft.mode=random", "rollout.history_turns=0", "rollout.n_groups=4")
-"""The ``frozenlake`` lift case's settings besides its env id (``agent_rl.benchmarks.lift``)."""
+"""The ``frozenlake`` lift case's settings besides its env id and tokenizer (``agent_rl.benchmarks.lift``)."""
 
 
 def arm_overrides(arm: str, env_id: str) -> tuple[str, ...]:

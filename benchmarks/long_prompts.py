@@ -4,9 +4,9 @@ A game whose prompt carries a rules text (TextArena FrozenLake by default) sends
 of a GRPO batch, ``groups`` x ``group size`` prompts that all start with the same system prompt and
 rules, each group's the same prompt. The hf engine prefills that prefix once and each distinct
 prompt once and repeats their KV caches over the rows (``HFEngine(share_prefixes=True)``, the
-default) or prefills every row whole (``share_prefixes=False``); both give the same completions. For each it times one sampled
-``generate`` of the batch (best of ``--repeats``) on the embedded model, one torch thread, and
-records the prompts' length and the shared prefix's.
+default) or prefills every row whole (``share_prefixes=False``); both give the same completions.
+For each it times one sampled ``generate`` of the batch (best of ``--repeats``) on the embedded
+model, one torch thread, and records the prompts' length and the shared prefix's.
 
     python -m agent_rl.benchmarks.long_prompts                 # -> benchmarks/results/long_prompts.json
     python -m agent_rl.benchmarks.long_prompts --env agent_rl/Maze-v0 --name long_prompts_maze
