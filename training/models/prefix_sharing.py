@@ -1,7 +1,7 @@
 """Prompt prefixes that a batch shares, forwarded once: the learner's teacher-forced passes
 (``agent_rl.training.loop.logprobs``) and the hf engine's prefill (``agent_rl.training.serving.engines``)
 both run the prefix that every row starts with (a system prompt, a rules text) as one sequence and
-repeat its KV cache over the rows; the learner forwards each distinct rest of a prompt once too."""
+repeat its KV cache over the rows, and both forward each distinct rest of a prompt once."""
 
 from __future__ import annotations
 
