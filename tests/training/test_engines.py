@@ -113,17 +113,17 @@ def test_hf_prefills_a_shared_prefix_once_with_the_same_completions(policy, prom
     """Prompts that start alike (a system prompt, a rules text) prefill that prefix once and repeat its
     KV cache over the rows: the completions are those of separate prefills, token for token."""
     from agent_rl.training.models import prefix_sharing
-    from agent_rl.training.serving import engines
 
     model, tokenizer = policy
     system = tokenizer("Rules: go north to win. Exits are listed. " * 3, add_special_tokens=False)["input_ids"]
     shared = [system + p for p in prompts] + [system[:-1], system]  # the shortest rows end inside the prefix
     sampling = SamplingParams(max_new_tokens=8, greedy=greedy)
     prefills = []
+    repeated_prefix_cache = prefix_sharing.repeated_prefix_cache
     monkeypatch.setattr(
-        engines,
+        prefix_sharing,
         "repeated_prefix_cache",
-        lambda *args: prefills.append(len(args[1])) or prefix_sharing.repeated_prefix_cache(*args),
+        lambda *args: prefills.append(len(args[1])) or repeated_prefix_cache(*args),
     )
     once = HFEngine(model, tokenizer, seed=5).generate(shared, 2, sampling)
     assert prefills == [len(system) - 2]  # the common prefix, short of the shortest row's last token

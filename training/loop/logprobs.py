@@ -16,12 +16,7 @@ import torch.nn.functional as F
 
 from agent_rl.core.batch import StepBatch
 from agent_rl.training.infra.distributed import forward_precision
-from agent_rl.training.models.prefix_sharing import (
-    distinct_rests,
-    repeated_prefix_cache,
-    shared_prefix_length,
-    shares_prefixes,
-)
+from agent_rl.training.models.prefix_sharing import prompt_cache, shared_prefix_length, shares_prefixes
 
 
 def response_logits(
@@ -49,7 +44,6 @@ def response_logits(
     device = next(model.parameters()).device
     batch = len(prompt_ids_list)
     shared = shared_prefix_length(prompt_ids_list) if shares_prefixes(model) else 0
-    rests, row_rest = distinct_rests(prompt_ids_list, shared)
     response_width = max((len(r) for r in response_ids_list), default=0)
     responses = torch.zeros((batch, response_width), dtype=torch.long)
     response_mask = torch.zeros_like(responses)
@@ -59,33 +53,13 @@ def response_logits(
     targets, mask = responses.to(device), response_mask.to(device=device, dtype=torch.float32)
     if response_width == 0:
         return torch.zeros((batch, 0, model.config.vocab_size), device=device), targets, mask
-    rest_width = max(len(p) for p in rests)
-    rest_ids = torch.zeros((len(rests), rest_width), dtype=torch.long)
-    rest_mask = torch.zeros_like(rest_ids)
-    for i, p in enumerate(rests):
-        rest_ids[i, rest_width - len(p) :] = torch.as_tensor(p, dtype=torch.long)
-        rest_mask[i, rest_width - len(p) :] = 1
-    prompt_mask = torch.cat([rest_mask.new_ones((len(rests), shared)), rest_mask], dim=1).to(device)
-    rows = torch.as_tensor(row_rest, dtype=torch.long, device=device)
     with forward_precision(model, device, precision):
-        past = repeated_prefix_cache(model, prompt_ids_list[0][:shared], len(rests), device) if shared else None
-        prompt_pass = model(
-            input_ids=rest_ids.to(device),
-            attention_mask=prompt_mask,
-            position_ids=shared + (prompt_mask[:, shared:].cumsum(dim=1) - 1).clamp(min=0),
-            past_key_values=past,
-            logits_to_keep=1,
-            use_cache=True,
-        )
-        logits = prompt_pass.logits[rows]  # the prompt's last token predicts the first response token
-        if response_width > 1:
-            cache = prompt_pass.past_key_values
-            cache.batch_select_indices(rows)
-            rest_lengths = rest_mask.sum(dim=1).to(device)[rows]
+        cache, logits, prompt_mask = prompt_cache(model, prompt_ids_list, shared, device, with_last_token=True)
+        if response_width > 1:  # the prompt's last token predicted the first response token
             response_pass = model(
                 input_ids=targets[:, :-1],
-                attention_mask=torch.cat([prompt_mask[rows], response_mask[:, :-1].to(device)], dim=1),
-                position_ids=(shared + rest_lengths)[:, None] + torch.arange(response_width - 1, device=device),
+                attention_mask=torch.cat([prompt_mask, response_mask[:, :-1].to(device)], dim=1),
+                position_ids=prompt_mask.sum(dim=1)[:, None] + torch.arange(response_width - 1, device=device),
                 past_key_values=cache,
                 logits_to_keep=response_width - 1,
                 use_cache=True,

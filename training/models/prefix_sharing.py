@@ -1,7 +1,8 @@
 """Prompt prefixes that a batch shares, forwarded once: the learner's teacher-forced passes
 (``agent_rl.training.loop.logprobs``) and the hf engine's prefill (``agent_rl.training.serving.engines``)
 both run the prefix that every row starts with (a system prompt, a rules text) as one sequence and
-repeat its KV cache over the rows, and both forward each distinct rest of a prompt once."""
+repeat its KV cache over the rows, and both forward each distinct rest of a prompt once
+(``prompt_cache``)."""
 
 from __future__ import annotations
 
@@ -53,3 +54,45 @@ def repeated_prefix_cache(model: torch.nn.Module, prefix: Sequence[int], rows: i
     cache = model(input_ids=ids, use_cache=True).past_key_values
     cache.batch_repeat_interleave(rows)
     return cache
+
+
+def prompt_cache(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    shared: int,
+    device: torch.device,
+    *,
+    with_last_token: bool,
+):
+    """Every row's prompt cached with each token forwarded once: the first ``shared`` tokens as one
+    sequence, then each distinct rest of a prompt, left-padded, then the caches repeated over the rows
+    that share them. ``with_last_token`` False leaves each prompt's last token out (``generate``
+    forwards it). Returns ``(cache, last_logits, mask)`` per row: the cache (None when nothing was
+    forwarded), the logits of the last forwarded token of each prompt (None when there is none) and
+    the attention mask over the cached columns. Under the caller's grad and precision modes."""
+    rests, row_rest = distinct_rests(prompts, shared)
+    if not with_last_token:
+        rests = [rest[:-1] for rest in rests]
+    width = max(len(rest) for rest in rests)
+    rest_ids = torch.zeros((len(rests), width), dtype=torch.long)
+    rest_mask = torch.zeros_like(rest_ids)
+    for i, rest in enumerate(rests):
+        rest_ids[i, width - len(rest) :] = torch.as_tensor(rest, dtype=torch.long)
+        rest_mask[i, width - len(rest) :] = 1
+    mask = torch.cat([rest_mask.new_ones((len(rests), shared)), rest_mask], dim=1).to(device)
+    cache = repeated_prefix_cache(model, prompts[0][:shared], len(rests), device) if shared else None
+    last_logits = None
+    if width:
+        rest_pass = model(
+            input_ids=rest_ids.to(device),
+            attention_mask=mask,
+            position_ids=shared + (mask[:, shared:].cumsum(dim=1) - 1).clamp(min=0),
+            past_key_values=cache,
+            logits_to_keep=1,
+            use_cache=True,
+        )
+        cache, last_logits = rest_pass.past_key_values, rest_pass.logits
+    rows = torch.as_tensor(row_rest, dtype=torch.long, device=device)
+    if cache is not None:
+        cache.batch_select_indices(rows)
+    return cache, None if last_logits is None else last_logits[rows], mask[rows]

@@ -31,7 +31,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -39,15 +39,7 @@ import torch.nn.functional as F
 
 from agent_rl.training.infra.distributed import forward_precision
 from agent_rl.training.models.policy import serving_state_dict
-from agent_rl.training.models.prefix_sharing import (
-    distinct_rests,
-    repeated_prefix_cache,
-    shared_prefix_length,
-    shares_prefixes,
-)
-
-if TYPE_CHECKING:
-    from transformers import DynamicCache
+from agent_rl.training.models.prefix_sharing import prompt_cache, shared_prefix_length, shares_prefixes
 
 FINISH_REASONS = ("stop", "length")
 
@@ -187,8 +179,8 @@ class HFEngine:
     ) -> list[Completion]:
         from transformers import GenerationConfig
 
-        # The prefix every row shares and each distinct rest are prefilled once (``_prefill``); the rest of
-        # each row is left-padded after the prefix.
+        # The prefix every row shares and each distinct rest are prefilled once (``prompt_cache``, every
+        # prompt but its last token, which ``generate`` forwards); each rest is left-padded after the prefix.
         shared = shared_prefix_length(rows) if self.share_prefixes and shares_prefixes(self.model) else 0
         rest = max(len(r) for r in rows) - shared
         width = shared + rest
@@ -199,7 +191,7 @@ class HFEngine:
         for i, r in enumerate(rows):
             input_ids[i, width - len(r) + shared :] = torch.tensor(r[shared:])
             attention_mask[i, width - len(r) + shared :] = 1
-        past = self._prefill(rows, shared, input_ids, attention_mask, device) if self.share_prefixes else None
+        past = prompt_cache(self.model, rows, shared, device, with_last_token=False)[0] if self.share_prefixes else None
         mode = (
             {"do_sample": False}
             if sampling.greedy
@@ -235,37 +227,6 @@ class HFEngine:
             Completion(tokens[i][:k], logprobs[i][:k], "stop" if stopped[i] else "length")
             for i, k in enumerate(lengths)
         ]
-
-    def _prefill(
-        self,
-        rows: list[list[int]],
-        shared: int,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        device: torch.device,
-    ) -> DynamicCache | None:
-        """The KV cache of every row's prompt but its last token, each token forwarded once: the shared
-        prefix as one sequence, then each distinct rest of a prompt (the rows of a group, a state
-        several episodes reached), repeated over the rows that share it; ``generate`` forwards the last
-        column. None when no row shares anything with another (``generate`` prefills them whole)."""
-        rests, row_rest = distinct_rests(rows, shared)
-        if not shared and len(rests) == len(rows):
-            return None
-        past = repeated_prefix_cache(self.model, rows[0][:shared], len(rests), device) if shared else None
-        distinct = torch.as_tensor(np.unique(row_rest, return_index=True)[1])  # each rest's first row
-        if input_ids.shape[1] - 1 > shared:  # rests longer than their last token
-            mask = attention_mask[distinct, :-1].to(device)
-            past = self.model(
-                input_ids=input_ids[distinct, shared:-1].to(device),
-                attention_mask=mask,
-                position_ids=shared + (mask[:, shared:].cumsum(dim=1) - 1).clamp(min=0),
-                past_key_values=past,
-                use_cache=True,
-                logits_to_keep=1,
-            ).past_key_values
-        if past is not None:
-            past.batch_select_indices(torch.tensor(row_rest, dtype=torch.long, device=device))
-        return past
 
 
 class _RotaryReloadWarning(logging.Filter):
