@@ -760,3 +760,22 @@ def test_blind_step_credit_is_said_once_per_run(tmp_path):
     said = console.file.getvalue()
     assert said.count("warning") == 1 and "iteration 2: no anchor state recurs within a group" in said
     assert "env.anchor_key=observation may never repeat" in said
+
+
+def test_a_trainer_that_fails_to_start_frees_its_run_directory(tmp_path, monkeypatch):
+    """The environments fail to start (a Ray cluster out of reach) after the run directory was taken:
+    the error reaches the caller, and a retry in the same process (a notebook's next cell) finds the
+    directory free."""
+    import agent_rl.training.loop.trainer as trainer_module
+
+    def unreachable(*args):
+        raise ConnectionError("no Ray cluster at ray://head:10001")
+
+    run_dir = tmp_path / "run"
+    with monkeypatch.context() as patched:
+        patched.setattr(trainer_module, "pool_from_config", unreachable)
+        with pytest.raises(ConnectionError, match="no Ray cluster") as failure:
+            Trainer.from_config(load_config(overrides=tiny_overrides(run_dir, "sft.mode=none")))
+    # The traceback stays alive (as a notebook keeps its last one), and with it the failed trainer.
+    Trainer.from_config(load_config(overrides=tiny_overrides(run_dir, "sft.mode=none")), resume="auto").close()
+    assert failure.traceback

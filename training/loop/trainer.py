@@ -96,6 +96,8 @@ class Trainer:
         self.learner = Learner(model, self.optimizer, cfg, np.random.default_rng([cfg.trainer.seed, 2]), self.dist)
         self.iteration = 0
         self.state: dict[str, Any] = {"best_success": -1.0, "best_iteration": -1, "elapsed_s": 0.0, "engine_calls": 0}
+        self.engine, self.pool, self.logger = engine, None, None
+        self._owns_engine = engine is None
         self.run_dir, resumed, self._run_dir_lock = open_run_dir(
             cfg,
             resume=resume,
@@ -106,23 +108,28 @@ class Trainer:
             dist=self.dist,
             console=self.console,
         )
+        try:
+            self._open(resumed)
+        except BaseException:
+            self.close()  # a retry in this process finds the run directory free
+            raise
+
+    def _open(self, resumed: tuple[int, dict[str, Any]] | None) -> None:
+        """Continue a resumed run's state, write the config, and build the engine, environments and logger."""
+        cfg = self.config
         if resumed is not None:
             self.iteration, self.state = resumed
         self.started = resumed is not None
         self.guard = FaultGuard(cfg, self.console, lambda: checkpoint.how_to_go_on(self.run_dir))
-        if self.dist.is_main:
+        if self.dist.is_main:  # rank 0 generates, evaluates, logs and checkpoints
             save_config(cfg, self.run_dir / "config.yaml")
-        # Rank 0 generates, evaluates, logs and checkpoints.
-        self.engine, self.pool, self.logger = engine, None, None
-        self._owns_engine = engine is None
-        if self.dist.is_main:
-            if engine is None:
-                self.engine = engine_from_config(cfg, model, tokenizer)
+            if self.engine is None:
+                self.engine = engine_from_config(cfg, self.model, self.tokenizer)
             elif self.started:
-                self.engine.update_weights(model)  # the engine was built before the checkpoint was loaded
+                self.engine.update_weights(self.model)  # the engine was built before the checkpoint was loaded
             if hasattr(self.engine, "calls"):
                 self.engine.calls = int(self.state["engine_calls"])  # the per-call sampling seeds continue
-            self.pool = pool_from_config(make_env, cfg)
+            self.pool = pool_from_config(self.make_env, cfg)
             self.logger = RunLogger(
                 self.run_dir,
                 tensorboard=cfg.logging.tensorboard,
