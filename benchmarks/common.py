@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import platform
 import signal
@@ -62,11 +63,27 @@ def best_of(fn: Callable[[], Any], repeats: int, setup: Callable[[], Any] | None
     return best
 
 
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def write_json(path: Path, payload: Any, indent: int = 2) -> None:
+    """``payload`` as standard JSON: a measure that was not taken (NaN, an infinity) is null, which
+    every JSON reader parses (``NaN`` is not JSON)."""
+    path.write_text(json.dumps(_finite(payload), indent=indent, allow_nan=False) + "\n")
+
+
 def write_result(name: str, payload: dict[str, Any], out_dir: Path | None = None) -> Path:
     out_dir = RESULTS_DIR if out_dir is None else Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.json"
-    path.write_text(json.dumps({"machine": machine_info(), **payload}, indent=2, sort_keys=False) + "\n")
+    write_json(path, {"machine": machine_info(), **payload})
     return path
 
 

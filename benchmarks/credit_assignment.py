@@ -43,7 +43,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from agent_rl.benchmarks.common import RESULTS_DIR, machine_info, stopped
+from agent_rl.benchmarks.common import RESULTS_DIR, machine_info, stopped, write_json
 from agent_rl.benchmarks.credit_testbed import select_names
 from agent_rl.benchmarks.harness import RunFailed, finished, run_jobs, thread_environment, train_command
 from agent_rl.benchmarks.paired_stats import PairedDifference, adjust_family, paired_difference
@@ -821,7 +821,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "results": summary,
     }
-    (out / "summary.json").write_text(json.dumps(payload, indent=2) + "\n")
+    write_json(out / "summary.json", payload)
     write_markdown(summary, out / "summary.md")
     plot(summary, out)
     print((out / "summary.md").read_text())

@@ -35,7 +35,6 @@ Outputs under ``--out`` (default ``benchmarks/results/credit_testbed``): ``summa
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -46,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from agent_rl.anchors import compute_anchor_keys
-from agent_rl.benchmarks.common import RESULTS_DIR, machine_info
+from agent_rl.benchmarks.common import RESULTS_DIR, machine_info, write_json
 from agent_rl.benchmarks.paired_stats import PairedDifference, adjust_family, mean_interval, paired_difference
 from agent_rl.benchmarks.testbed import corridor  # noqa: F401  (registers testbed/KeyCorridor-v0)
 from agent_rl.benchmarks.testbed.exact import success_probability
@@ -656,7 +655,7 @@ def run(settings: Settings, out: Path, progress=None) -> dict[str, Any]:
     summary["cpu_s"] = sum(os.times()[:4]) - cpu_start
     summary["machine"] = machine_info()
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_json(out / "summary.json", summary)
     write_markdown(summary, out / "summary.md")
     plot(summary, out)
     return summary

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from agent_rl.benchmarks.common import RESULTS_DIR, machine_info, stopped
+from agent_rl.benchmarks.common import RESULTS_DIR, machine_info, stopped, write_json
 from agent_rl.benchmarks.harness import (
     RunFailed,
     finished,
@@ -726,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.baseline:
         compare(summary, json.loads((args.baseline / "summary.json").read_text()), args.baseline)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    write_json(args.out / "summary.json", summary, indent=1)
     write_markdown(summary, args.out / "summary.md")
     plot(summary, args.out)
     print((args.out / "summary.md").read_text())

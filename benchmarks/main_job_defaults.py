@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agent_rl.benchmarks.common import RESULTS_DIR, machine_info, stopped
+from agent_rl.benchmarks.common import RESULTS_DIR, machine_info, stopped, write_json
 from agent_rl.benchmarks.harness import RunFailed, TrainRun, run_jobs
 from agent_rl.benchmarks.paired_stats import paired_difference
 from agent_rl.benchmarks.report import area_under, plot_curves, seed_mean
@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         "curves": curves,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "summary.json").write_text(json.dumps(payload, indent=2) + "\n")
+    write_json(args.out / "summary.json", payload)
     if seeds:
         plot(curves, seeds, args.out / "curves.png")
         print(json.dumps(payload["summary"], indent=1))

@@ -58,3 +58,27 @@ def test_a_stopped_benchmark_says_how_to_go_on(capsys):
     assert capsys.readouterr().err.splitlines()[0] == (
         "lift: stopped by SIGTERM: finished runs are kept; the same command resumes the others"
     )
+
+
+def test_result_json_writes_a_measure_not_taken_as_null(tmp_path):
+    """A greedy-only run has no sampled success: its NaN means (and infinities) are written as null,
+    so the file is standard JSON, and every other value is written as it was."""
+    import json
+    import math
+
+    from agent_rl.benchmarks.common import write_json
+
+    payload = {"mean": math.nan, "bounds": [1.5, -math.inf, (math.inf, 2)], "n": 3, "name": "say", "ok": True}
+    write_json(tmp_path / "summary.json", payload)
+    text = (tmp_path / "summary.json").read_text()
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    assert json.loads(text, parse_constant=refuse) == {
+        "mean": None,
+        "bounds": [1.5, None, [None, 2]],
+        "n": 3,
+        "name": "say",
+        "ok": True,
+    }
