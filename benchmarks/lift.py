@@ -505,15 +505,19 @@ def summarize(runs: list[Run], random_play: dict[str, float | None], settings: t
 
 PRIMARY_MEASURE = "final_greedy_points"
 """What a comparison against ``--baseline`` tests, declared before any run: final greedy held-out
-success in points, paired by seed, over the family of every case both summaries hold, Holm-corrected
-(``paired_stats.adjust_family``). Greedy lift is reported beside it and never called significant."""
+success in points, paired by seed, over the declared family (``--family``; without it every case
+both summaries hold), Holm-corrected (``paired_stats.adjust_family``). Greedy lift, and the paired
+difference of a case outside the family, are reported beside it and never called significant."""
 
 
-def compare(summary: dict[str, Any], baseline: dict[str, Any], baseline_path: Path) -> None:
+def compare(
+    summary: dict[str, Any], baseline: dict[str, Any], baseline_path: Path, family: tuple[str, ...] | None = None
+) -> None:
     """Add to each case of ``summary`` that ``baseline`` (another ``--out``'s summary) also ran its
-    paired difference on the seeds both hold: final greedy success (the primary measure, with its
-    Holm-adjusted p-values, Bonferroni interval and verdict over the family of compared cases) and
-    greedy lift, in points."""
+    paired difference on the seeds both hold: final greedy success and greedy lift, in points. The
+    cases of ``family`` (None: every compared case) also get the primary test: Holm-adjusted p-values,
+    a Bonferroni interval and a verdict over the family. A case of ``family`` without two paired seeds
+    is a ``ValueError``: the family was declared before the runs."""
     primary: dict[str, PairedDifference] = {}
     for case in summary["cases"]:
         other = next((c for c in baseline["cases"] if c["case"] == case["case"]), None)
@@ -538,6 +542,10 @@ def compare(summary: dict[str, Any], baseline: dict[str, Any], baseline_path: Pa
                 )
             ),
         }
+    if family is not None:
+        if missing := [name for name in family if name not in primary]:
+            raise ValueError(f"declared case(s) {missing} have fewer than 2 seeds paired with the baseline")
+        primary = {name: primary[name] for name in family}
     for name, adjusted in (adjust_family(primary) if primary else {}).items():
         case = next(c for c in summary["cases"] if c["case"] == name)
         case["vs_baseline"]["primary"] = {
@@ -549,6 +557,30 @@ def compare(summary: dict[str, Any], baseline: dict[str, Any], baseline_path: Pa
 
 def _verdict(met: bool | None) -> str:
     return "not judged (fewer seeds than the case's)" if met is None else ("yes" if met else "no")
+
+
+def comparison_lines(summary: dict[str, Any]) -> list[str]:
+    """The markdown paragraphs of the comparisons against ``--baseline`` (``compare``): the declared
+    family's cases with their Holm verdict, any other compared case reported untested."""
+    lines: list[str] = []
+    for c in (c for c in summary["cases"] if "vs_baseline" in c):
+        d = c["vs_baseline"].get("primary") or c["vs_baseline"][PRIMARY_MEASURE]
+        line = (
+            f"{c['case']} against `{c['vs_baseline']['baseline']}` (paired on seeds {c['vs_baseline']['seeds']}): "
+            f"final greedy success {d['mean']:+.1f} points [{d['ci_low']:+.1f}, {d['ci_high']:+.1f}], "
+            f"{d['wins']} wins, {d['losses']} losses, Wilcoxon p = {d['wilcoxon_p']:.3f}"
+        )
+        if "primary" in c["vs_baseline"]:
+            line += (
+                f"; Holm over the {d['family_size']} declared case(s): t-test p = {d['holm_t_p']:.3f}, Wilcoxon "
+                f"p = {d['holm_wilcoxon_p']:.3f}, family interval [{d['adjusted_ci_low']:+.1f}, "
+                f"{d['adjusted_ci_high']:+.1f}]: {'a difference' if d['significant'] else 'no difference shown'} at "
+                "5% family-wise."
+            )
+        else:
+            line += " (outside the declared family: reported, not tested)."
+        lines += ["", line]
+    return lines
 
 
 def write_markdown(summary: dict[str, Any], path: Path) -> None:
@@ -574,20 +606,7 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
         )
     if summary.get("settings"):
         lines += ["", f"Settings on top of each case's own: `{' '.join(summary['settings'])}`."]
-    for c in (c for c in summary["cases"] if "vs_baseline" in c):
-        d = c["vs_baseline"]["primary"]
-        lines += [
-            "",
-            f"{c['case']} against `{c['vs_baseline']['baseline']}` (paired on seeds {c['vs_baseline']['seeds']}): "
-            "final greedy "
-            f"success {d['mean']:+.1f} points [{d['ci_low']:+.1f}, {d['ci_high']:+.1f}], {d['wins']} wins, "
-            f"{d['losses']} losses, "
-            f"Wilcoxon p = {d['wilcoxon_p']:.3f}; Holm over the {d['family_size']} compared case(s): t-test p = "
-            f"{d['holm_t_p']:.3f}, Wilcoxon p = {d['holm_wilcoxon_p']:.3f}, family interval "
-            f"[{d['adjusted_ci_low']:+.1f}, "
-            f"{d['adjusted_ci_high']:+.1f}]: {'a difference' if d['significant'] else 'no difference shown'} at 5% "
-            "family-wise.",
-        ]
+    lines += comparison_lines(summary)
     lines += ["", "Per seed (greedy success at each evaluation, %; lift in points; minutes):", ""]
     for c in summary["cases"]:
         lines.append(
@@ -658,6 +677,11 @@ def main(argv: list[str] | None = None) -> int:
         "--baseline", type=Path, help="another --out whose summary.json to compare with, paired by seed"
     )
     parser.add_argument(
+        "--family",
+        help="with --baseline: the comma-separated cases whose final greedy success is tested, Holm over them "
+        "alone, as a plan declared them (default: every case both summaries hold)",
+    )
+    parser.add_argument(
         "--warm-starts-from",
         type=Path,
         help="another --out whose runs of the same case and seed still hold their warm-start checkpoints: "
@@ -689,6 +713,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     if args.first_seed < 0:
         parser.error("--first-seed must be >= 0")
+    family = tuple(args.family.split(",")) if args.family else None
+    if family and not args.baseline:
+        parser.error("--family names the cases tested against --baseline: give --baseline too")
+    if family and (unknown := [n for n in family if n not in {c.name for c in every_case}]):
+        parser.error(f"--family: unknown case(s) {unknown}")
     if args.baseline and not (args.baseline / "summary.json").is_file():
         parser.error(f"--baseline {args.baseline} holds no summary.json: run --report --out {args.baseline} first")
     runs = plan(cases, seeds, args.out, settings, args.first_seed, args.engine, args.warm_starts_from)
@@ -724,7 +753,11 @@ def main(argv: list[str] | None = None) -> int:
         print("lift: no finished runs to report", file=sys.stderr)
         return 1
     if args.baseline:
-        compare(summary, json.loads((args.baseline / "summary.json").read_text()), args.baseline)
+        try:
+            compare(summary, json.loads((args.baseline / "summary.json").read_text()), args.baseline, family)
+        except ValueError as exc:
+            print(f"lift: error: --family: {exc}", file=sys.stderr)
+            return 1
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / "summary.json", summary, indent=1)
     write_markdown(summary, args.out / "summary.md")

@@ -296,6 +296,12 @@ def test_bad_settings_fail_before_any_run(tmp_path, capsys):
         lift.main(["--quick", "--out", str(tmp_path), "--baseline", str(tmp_path / "other")])
     assert "holds no summary.json" in capsys.readouterr().err and not (tmp_path / "runs").exists()
     with pytest.raises(SystemExit):
+        lift.main(["--quick", "--out", str(tmp_path), "--report", "--family", "say"])
+    assert "give --baseline too" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        lift.main(["--quick", "--out", str(tmp_path), "--report", "--baseline", str(tmp_path), "--family", "sya"])
+    assert "--family: unknown case(s) ['sya']" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
         lift.main(["--quick", "--out", str(tmp_path), "--warm-starts-from", str(tmp_path / "other")])
     assert "--warm-starts-from: no 'sft' checkpoint" in capsys.readouterr().err and not (tmp_path / "runs").exists()
 
@@ -332,24 +338,29 @@ def test_a_case_without_sampled_evaluation_reports_dashes(tmp_path):
     assert "| r | 1 | - | 25.0% -> 50.0% | +25.0 (one seed, no interval) |" in text and "[+25.0, +25.0]" not in text
 
 
-def test_the_baseline_comparison_tests_final_greedy_success_with_holm_over_the_compared_cases():
-    def summary(finals: dict[str, list[float]]) -> dict:
-        return {
-            "cases": [
-                {
-                    "case": name,
-                    "runs": [
-                        {"seed": seed, "greedy_success": [0.0, final], "greedy_lift": 100 * final}
-                        for seed, final in enumerate(values)
-                    ],
-                }
-                for name, values in finals.items()
-            ]
-        }
+def finals_summary(finals: dict[str, list[float]]) -> dict:
+    """A lift summary whose runs of each case end at ``finals`` (seeds 0, 1, ...), from 0."""
+    return {
+        "cases": [
+            {
+                "case": name,
+                "runs": [
+                    {"seed": seed, "greedy_success": [0.0, final], "greedy_lift": 100 * final}
+                    for seed, final in enumerate(values)
+                ],
+            }
+            for name, values in finals.items()
+        ]
+    }
 
-    # a: differences 0.8, 0.6, 0.8, 0.8, 0.8 (mean 76 points); b: 0.05, -0.1, 0.05, 0.1, 0.05.
-    ours = summary({"a": [0.9, 0.8, 0.95, 0.85, 0.9], "b": [0.5, 0.2, 0.4, 0.3, 0.6], "c": [0.5]})
-    theirs = summary({"a": [0.1, 0.2, 0.15, 0.05, 0.1], "b": [0.45, 0.3, 0.35, 0.2, 0.55], "c": [0.1]})
+
+# a: differences 0.8, 0.6, 0.8, 0.8, 0.8 (mean 76 points); b: 0.05, -0.1, 0.05, 0.1, 0.05.
+OURS = {"a": [0.9, 0.8, 0.95, 0.85, 0.9], "b": [0.5, 0.2, 0.4, 0.3, 0.6], "c": [0.5]}
+THEIRS = {"a": [0.1, 0.2, 0.15, 0.05, 0.1], "b": [0.45, 0.3, 0.35, 0.2, 0.55], "c": [0.1]}
+
+
+def test_the_baseline_comparison_tests_final_greedy_success_with_holm_over_the_compared_cases():
+    ours, theirs = finals_summary(OURS), finals_summary(THEIRS)
     lift.compare(ours, theirs, Path("base"))
     a, b = (ours["cases"][i]["vs_baseline"]["primary"] for i in (0, 1))
     assert "vs_baseline" not in ours["cases"][2]  # one shared seed: not compared, not in the family
@@ -358,3 +369,18 @@ def test_the_baseline_comparison_tests_final_greedy_success_with_holm_over_the_c
     assert a["holm_t_p"] == pytest.approx(min(1.0, 2 * a["t_p"])) and a["significant"]
     assert b["holm_t_p"] == pytest.approx(max(b["t_p"], a["holm_t_p"])) and not b["significant"]
     assert a["mean"] == pytest.approx(76.0) and a["adjusted_ci_low"] < a["ci_low"]
+
+
+def test_a_declared_family_is_tested_alone_and_the_other_cases_are_reported_untested():
+    """``--family a``: Holm over one comparison is the raw p-value, and ``b``'s paired difference is
+    written beside it, never with a verdict; a declared case without paired seeds is an error."""
+    ours, theirs = finals_summary(OURS), finals_summary(THEIRS)
+    lift.compare(ours, theirs, Path("base"), family=("a",))
+    a, b = (ours["cases"][i]["vs_baseline"] for i in (0, 1))
+    assert a["primary"]["family_size"] == 1 and a["primary"]["holm_t_p"] == pytest.approx(a["primary"]["t_p"])
+    assert "primary" not in b and b["final_greedy_points"]["mean"] == pytest.approx(3.0)
+    lines = lift.comparison_lines(ours)
+    assert any(line.startswith("a against `base`") and "Holm over the 1 declared case(s)" in line for line in lines)
+    assert any(line.startswith("b against `base`") and "not tested" in line and "Holm" not in line for line in lines)
+    with pytest.raises(ValueError, match=r"declared case\(s\) \['c'\] have fewer than 2 seeds"):
+        lift.compare(finals_summary(OURS), finals_summary(THEIRS), Path("base"), family=("a", "c"))
