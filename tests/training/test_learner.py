@@ -156,6 +156,7 @@ def test_minibatches_are_whole_trajectories_and_a_short_one_steps_at_its_share_o
                     "optim.lr=1e-3",
                     "optim.warmup_steps=0",
                     "optim.epochs=1",
+                    "optim.min_steps=0",
                     "algo.loss=grpo",
                     "algo.kl_coef=0",
                     "engine=hf",
@@ -274,6 +275,7 @@ def test_minibatch_update_does_not_depend_on_the_micro_batch_split_and_moves_the
                     "optim.epochs=2",
                     "algo.loss=grpo",
                     "algo.kl_coef=0",
+                    "optim.min_steps=0",
                     "optim.lr=1e-5",
                     f"optim.micro_batch_size={size}",
                     "engine=hf",
@@ -321,6 +323,7 @@ def test_rows_with_zero_advantage_are_left_out_before_the_minibatch_split(policy
                 "optim.epochs=1",
                 "algo.loss=grpo",
                 "algo.kl_coef=0",
+                "optim.min_steps=0",
                 "engine=hf",
             ]
         )
@@ -348,7 +351,7 @@ def test_target_kl_stops_the_update_at_the_first_minibatch_past_it(policy, targe
         logp, _ = sequence_logprobs(model, prompts, responses, 1.0)
     old = [row[: len(r)].numpy() for row, r in zip(logp, responses)]
     overrides = ["optim.epochs=4", "optim.minibatches=2", "optim.minibatch_size=0", "optim.warmup_steps=0"]
-    overrides += ["rollout.temperature=1", "algo.loss=grpo", "algo.kl_coef=0", "engine=hf"]
+    overrides += ["rollout.temperature=1", "algo.loss=grpo", "algo.kl_coef=0", "optim.min_steps=0", "engine=hf"]
     overrides.append(f"optim.target_kl={'null' if target_kl is None else target_kl}")
     config = resolve(load_config(overrides=overrides))
     trained = copy.deepcopy(model)
@@ -451,6 +454,7 @@ def test_a_step_with_a_non_finite_gradient_is_skipped_and_counted(policy, poison
             overrides=[
                 "algo.loss=grpo",
                 "algo.kl_coef=0",
+                "optim.min_steps=0",
                 "engine=hf",
                 "optim.minibatch_size=0",
                 "optim.minibatches=1",
@@ -485,7 +489,7 @@ def test_a_rank_dealt_no_row_of_a_minibatch_still_steps_with_the_others(policy, 
 
     model, _ = policy
     prompts, responses, _ = _synthetic_rows(model.config.vocab_size, 2, seed=3)
-    config = resolve(load_config(overrides=["algo.loss=grpo", "algo.kl_coef=0", "engine=hf"]))
+    config = resolve(load_config(overrides=["algo.loss=grpo", "algo.kl_coef=0", "optim.min_steps=0", "engine=hf"]))
     reduced = []
     monkeypatch.setattr(learner_module, "all_reduce_gradients", lambda params, dist: reduced.append(dist.rank))
     trained = copy.deepcopy(model)
@@ -552,6 +556,7 @@ def test_the_warmup_counts_optimizer_steps_across_updates_and_a_restored_optimiz
                 "optim.warmup_steps=5",
                 "algo.loss=grpo",
                 "algo.kl_coef=0",
+                "optim.min_steps=0",
                 "engine=hf",
             ]
         )
