@@ -341,9 +341,9 @@ class SFTConfig:
     """Fraction of ``sft.steps`` trained after the DAgger round; the learning-rate schedule runs on."""
     format_target: float | None = 0.95
     """random mode: stop cloning once at least this share of the replies sampled (at the rollout's
-    temperature) for held-out demonstration prompts name an admissible action, checked every 25
-    steps: random actions teach the format, not the task, and RL learns the task. None clones all
-    ``steps``."""
+    temperature) for held-out demonstration prompts name an action of the game (one admissible in
+    any of those prompts' states; which is legal where is the task), checked every 25 steps: random
+    actions teach the format, not the task, and RL learns the task. None clones all ``steps``."""
     max_seconds: float | None = None
     """Stop cloning after this many seconds of training (collection excluded), in any mode; None
     sets no time bound. A time bound makes the warm start depend on the machine's speed."""

@@ -492,13 +492,16 @@ class _Replies:
         pass
 
 
-def test_format_accuracy_is_the_share_of_replies_naming_a_listed_action(tokenizer):
+def test_format_accuracy_is_the_share_of_replies_naming_an_action_of_the_game(tokenizer):
+    """The game's actions are those the probes list anywhere: ``inc`` where only ``dec`` is legal (a
+    move into a wall) is well formed, ``jump`` is not; a prompt that lists nothing is judged alike."""
     from agent_rl.training.loop.sft import format_accuracy
 
-    probes = Demonstrations([[1, 2], [1, 3], [1, 4], [1, 5]], [[6]] * 4, 4, 0, [["inc", "dec"]] * 3 + [None])
-    engine = _Replies(tokenizer, ["inc", "jump", "dec", "inc"])
-    # The fourth prompt lists no actions, so nothing it says is admissible: 2 of 4.
-    assert format_accuracy(engine, tokenizer, RolloutConfig(), probes) == 0.5
+    probes = Demonstrations([[1, 2], [1, 3], [1, 4], [1, 5]], [[6]] * 4, 4, 0, [["inc", "dec"], ["inc"], ["dec"], None])
+    engine = _Replies(tokenizer, ["inc", "jump", "inc", "dec"])
+    assert format_accuracy(engine, tokenizer, RolloutConfig(), probes) == 0.75
+    engine = _Replies(tokenizer, ["jump", "jump", "dec", "walk"])
+    assert format_accuracy(engine, tokenizer, RolloutConfig(), probes) == 0.25
 
 
 def _random_warm_start_config(*extra):

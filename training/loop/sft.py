@@ -282,13 +282,15 @@ def supervised_step(
 
 def format_accuracy(engine: Engine, tokenizer, config: RolloutConfig, probes: Demonstrations) -> float:
     """The share of replies ``engine`` samples for the prompts of ``probes`` (one each, at the rollout's
-    temperature) that name one of the admissible actions listed with the prompt."""
+    temperature) that name an action of the game: one admissible in any of the probes' states. Which
+    of them is legal where (a wall, the board's edge) is the task, which RL learns; a clone of random
+    legal moves learns it only in part, and a target on legality would keep it cloning."""
     prompt_format = PromptFormat.from_rollout(config)
+    actions = sorted(set().union(*(listed or () for listed in probes.admissible)))
     completions = engine.generate(probes.prompts, 1, sampling_params(config))
     named = [
-        prompt_format.parse(tokenizer.decode(completion.token_ids, skip_special_tokens=True), actions)[0]
-        in (actions or ())
-        for (completion,), actions in zip(completions, probes.admissible)
+        prompt_format.parse(tokenizer.decode(completion.token_ids, skip_special_tokens=True), actions)[0] in actions
+        for (completion,) in completions
     ]
     return float(np.mean(named))
 
