@@ -661,6 +661,7 @@ def test_learning_is_real_on_a_tiny_maze(tmp_path, small_policy_dir):
         "optim.minibatches=1",
         "optim.minibatch_size=0",
         "optim.epochs=1",
+        "optim.min_steps=0",
         "optim.warmup_steps=0",
         "algo.gamma=0.95",
         "algo.invalid_penalty=0",
