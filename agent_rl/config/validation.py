@@ -5,6 +5,7 @@ that do not combine)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from agent_rl.config.schema import ACTION_PARSERS, AlgorithmConfig, Config, ConfigError, RolloutConfig
 from agent_rl.core.presets import ALGORITHM_PRESETS, KEY_KINDS, LOSS_KWARGS, LOSS_PRESETS
@@ -71,6 +72,11 @@ def validate(config: Config) -> None:
     _require(algo.eps > 0, "algo.eps", "must be > 0")
     _require(algo.kl_coef is None or algo.kl_coef >= 0, "algo.kl_coef", "must be >= 0")
     _require(algo.invalid_penalty >= 0, "algo.invalid_penalty", "must be >= 0")
+    _require(
+        math.isfinite(algo.novelty_bonus) and algo.novelty_bonus >= 0,
+        "algo.novelty_bonus",
+        f"must be a finite number >= 0, got {algo.novelty_bonus}",
+    )
     _require(
         0 < algo.keep_groups <= 1,
         "algo.keep_groups",

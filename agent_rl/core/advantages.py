@@ -20,7 +20,7 @@ from typing import Literal, Protocol
 import numpy as np
 
 from agent_rl.core.batch import StepBatch
-from agent_rl.core.grouping import GroupStats, dense_ids, group_steps, rows_by_group
+from agent_rl.core.grouping import GroupStats, dense_ids, first_visits, group_steps, next_rows, rows_by_group
 from agent_rl.core.presets import EPISODE_MODES, EPISODE_STATS, STEP_NORMALIZE
 
 EpisodeMode = Literal[EPISODE_MODES]
@@ -234,6 +234,30 @@ def turn_position_mass(advantages: np.ndarray, t: np.ndarray, traj_ids: np.ndarr
     return mass / total if total > 0 else mass
 
 
+def novel_steps(traj_ids: np.ndarray, anchor_keys: np.ndarray) -> np.ndarray:
+    """Per row, whether its action reached an anchor state its trajectory had not been in before (the
+    next row's key, first seen there). An invalid or idle action leaves the state as it was and is
+    never novel; a trajectory's last row is not either, the batch not holding the state it led to.
+    Rows of a trajectory are in time order (the ``StepBatch`` contract)."""
+    n = len(np.asarray(traj_ids))
+    traj_code, n_traj = dense_ids(_id_column("traj_ids", traj_ids, n))
+    following = next_rows(traj_code, n_traj)
+    first = first_visits(traj_code, _id_column("anchor_keys", anchor_keys, n))
+    return (following >= 0) & first[following]
+
+
+def novelty_rewards(batch: StepBatch, spread: np.ndarray, bonus: float) -> np.ndarray:
+    """Per row, ``bonus`` where its action reached a state new to its trajectory (:func:`novel_steps`)
+    in a group the task left silent: no trajectory won and the returns do not spread (``spread``,
+    :func:`group_return_spread`); 0 elsewhere. Where the task gives no signal, the trajectories
+    that explored more then score higher (count-based episodic novelty); where it gives one, it
+    alone decides."""
+    group_code, n_groups = dense_ids(batch.group_id)
+    won = np.bincount(group_code, weights=batch.won, minlength=n_groups) > 0
+    silent = (spread == 0) & ~won
+    return bonus * (silent[group_code] & novel_steps(batch.traj_id, batch.anchor_key))
+
+
 # ---- graph credit ------------------------------------------------------------------------------------
 
 
@@ -301,13 +325,10 @@ def graph_progress(
     state_group = np.empty(n_states, dtype=np.int64)
     state_group[state] = group_code
     traj_code, n_traj = dense_ids(traj_ids)
-    order = rows_by_group(traj_code, n_traj)  # each trajectory's rows contiguous, in time order
-    has_next, after_first_turn = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
-    next_row = np.full(n, -1, dtype=np.intp)
-    continues = traj_code[order[1:]] == traj_code[order[:-1]]
-    has_next[order[:-1][continues]] = True
-    next_row[order[:-1][continues]] = order[1:][continues]
-    after_first_turn[order[1:][continues]] = True
+    next_row = next_rows(traj_code, n_traj)
+    has_next = next_row >= 0
+    after_first_turn = np.zeros(n, dtype=bool)
+    after_first_turn[next_row[has_next]] = True
 
     distance = np.full(n_states, np.inf)
     np.minimum.at(distance, state[won], 1.0)
@@ -340,9 +361,7 @@ def graph_progress(
     progress[stayed & ~won] = -1.0
 
     # A meeting: a state seen after the first turn by two or more trajectories of the group.
-    visits, _ = dense_ids(state, traj_code)
-    first_visit = np.zeros(n, dtype=bool)
-    first_visit[np.unique(visits, return_index=True)[1]] = True
+    first_visit = first_visits(traj_code, state)
     trajectories_at = np.bincount(state[first_visit], minlength=n_states)
     seen_later = np.bincount(state, weights=after_first_turn.astype(np.float64), minlength=n_states) > 0
     merged_group = np.zeros(n_groups, dtype=bool)
@@ -406,6 +425,9 @@ class Credit:
     position_mass: np.ndarray = field(default_factory=lambda: np.zeros(3))
     """The share of the advantages' absolute mass on the first, middle and last third of the
     trajectories' turns (:func:`turn_position_mass`)."""
+    novelty: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """Per row, the novelty reward credit added to the environment's (``algo.novelty_bonus``,
+    :func:`novelty_rewards`); empty when the bonus is off."""
 
     def filtered_out(self) -> bool:
         """Whether the variance filter dropped every group of a batch that had some."""
@@ -451,6 +473,8 @@ class Credit:
             "advantage/zero_fraction": float(np.mean(self.advantages == 0)) if len(self.advantages) else 0.0,
             "advantage/step_abs_mean": float(np.abs(self.step).mean()) if len(self.step) else 0.0,
         }
+        if len(self.novelty):
+            metrics["credit/novel_rows"] = float(np.mean(self.novelty > 0))
         if self.group_stats is not None:
             metrics["anchors/mean_group_size"] = self.group_stats.mean_size
             metrics["anchors/max_group_size"] = float(self.group_stats.max_size)
@@ -478,6 +502,7 @@ class CreditSettings(Protocol):
     step_weight: float
     gamma: float
     invalid_penalty: float
+    novelty_bonus: float
     negative_weight: float
     row_weight: str
     keep_groups: float
@@ -498,7 +523,10 @@ def compute_advantages(batch: StepBatch, algo: CreditSettings) -> Credit:
       against its group (:func:`graph_advantages`).
     - Eq. 8: ``A = A_episode + step_weight * A_step``.
 
-    With ``algo.advantage="none"`` the episode part is 0 and step credit alone remains.
+    With ``algo.advantage="none"`` the episode part is 0 and step credit alone remains. With
+    ``algo.novelty_bonus``, both parts see the environment's rewards plus the novelty rewards of the
+    groups the task left silent (:func:`novelty_rewards`); the return spread that
+    ``credit/zero_variance_groups`` and the variance filter read is the task's.
 
     ``algo.invalid_penalty`` is then charged to each row whose action was invalid, on that row
     alone: it is not discounted into earlier steps and enters no group statistic, so no std can
@@ -517,7 +545,15 @@ def compute_advantages(batch: StepBatch, algo: CreditSettings) -> Credit:
         )
     n = len(batch)
     traj_code, _ = dense_ids(batch.traj_id)
-    episode_return = np.bincount(traj_code, weights=batch.reward)[traj_code] if n else np.zeros(0)
+    task_return = np.bincount(traj_code, weights=batch.reward)[traj_code] if n else np.zeros(0)
+    spread = group_return_spread(task_return, batch.group_id, batch.traj_id) if n else np.zeros(0)
+    reward, novelty = batch.reward, np.zeros(0)
+    if algo.novelty_bonus:
+        if batch.anchor_key is None:
+            raise ValueError("algo.novelty_bonus needs StepBatch.anchor_key (see anchors.compute_anchor_keys)")
+        novelty = novelty_rewards(batch, spread, algo.novelty_bonus)
+        reward = reward + novelty
+    episode_return = np.bincount(traj_code, weights=reward)[traj_code] if n else np.zeros(0)
     if algo.advantage == "none":
         episode = np.zeros(n)
     else:
@@ -534,7 +570,7 @@ def compute_advantages(batch: StepBatch, algo: CreditSettings) -> Credit:
             f"step credit ({algo.step_credit}) needs StepBatch.anchor_key (see anchors.compute_anchor_keys)"
         )
     if algo.step_credit == "anchor":
-        step_returns = discounted_returns(batch.reward, batch.traj_id, algo.gamma)
+        step_returns = discounted_returns(reward, batch.traj_id, algo.gamma)
         step = _normalize_within(step_returns, step_groups, group_stats_.n_groups, algo.step_normalize, algo.eps)
     elif algo.step_credit == "graph":
         graph = graph_progress(batch.group_id, batch.traj_id, batch.anchor_key, batch.won, batch.done, batch.truncated)
@@ -543,13 +579,22 @@ def compute_advantages(batch: StepBatch, algo: CreditSettings) -> Credit:
     advantages = np.where(advantages < 0, algo.negative_weight * advantages, advantages)
     if algo.row_weight == "trajectory" and n:
         advantages = advantages * trajectory_weights(traj_code)
-    spread = group_return_spread(episode_return, batch.group_id, batch.traj_id) if n else np.zeros(0)
     kept = kept_groups(spread, algo.keep_groups, algo.drop_flat_groups)
     if n:
         advantages = np.where(kept[dense_ids(batch.group_id)[0]], advantages, 0.0)
     position_mass = turn_position_mass(advantages, batch.t, batch.traj_id) if n else np.zeros(3)
     return Credit(
-        advantages, episode, step, step_groups, group_stats_, graph, algo.step_credit, spread, kept, position_mass
+        advantages,
+        episode,
+        step,
+        step_groups,
+        group_stats_,
+        graph,
+        algo.step_credit,
+        spread,
+        kept,
+        position_mass,
+        novelty,
     )
 
 

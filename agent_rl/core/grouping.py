@@ -179,6 +179,26 @@ def positions_within(codes: np.ndarray, n_groups: int) -> np.ndarray:
     return position
 
 
+def next_rows(codes: np.ndarray, n_groups: int) -> np.ndarray:
+    """Per row, the index of the row after it in its group (``codes`` from :func:`dense_ids`), -1 for
+    a group's last row: the next turn of its trajectory when the groups are trajectories whose rows
+    are in time order."""
+    order = rows_by_group(codes, n_groups)
+    following = np.full(len(codes), -1, dtype=np.intp)
+    continues = codes[order[1:]] == codes[order[:-1]]
+    following[order[:-1][continues]] = order[1:][continues]
+    return following
+
+
+def first_visits(codes: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Per row, whether it is the first of its group (``codes``) to hold its key: in time order, the
+    turn a trajectory first reached that anchor state."""
+    visits, _ = dense_ids(codes, keys)
+    first = np.zeros(len(codes), dtype=bool)
+    first[np.unique(visits, return_index=True)[1]] = True
+    return first
+
+
 @dataclass(frozen=True)
 class GroupStats:
     """How much step-level credit a batch can get: GiGPO's step advantage is 0 for a singleton."""

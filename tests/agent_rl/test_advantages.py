@@ -18,6 +18,8 @@ from agent_rl.core.advantages import (
     episode_advantages,
     group_return_spread,
     kept_groups,
+    novel_steps,
+    novelty_rewards,
     step_advantages,
     trajectory_weights,
     turn_position_mass,
@@ -612,3 +614,78 @@ def test_turn_position_mass_by_hand():
     metrics = credit.metrics()
     assert metrics["advantage/mass_early"] == metrics["advantage/mass_late"] == 0.0  # equal returns: no signal
     assert metrics["credit/zero_variance_groups"] == 1.0
+
+
+# ---- novelty in the groups the task leaves silent ----------------------------------------------------
+def test_novel_steps_by_hand():
+    # Trajectory 0 walks a -> b -> a -> c; trajectory 1 (rows interleaved with 0's) stays at a once
+    # (an invalid action), then reaches b. A row is novel when the state it led to is new to its
+    # trajectory; a last row never is (the batch does not hold where it led).
+    trajs = np.array([0, 1, 0, 1, 0, 0, 1])
+    keys = np.array(["a", "a", "b", "a", "a", "c", "b"])
+    np.testing.assert_array_equal(novel_steps(trajs, keys), [True, False, False, True, True, False, False])
+    assert novel_steps(np.zeros(0, dtype=int), np.zeros(0, dtype=int)).shape == (0,)
+
+
+def test_novelty_rewards_reach_only_groups_without_a_win_or_a_return_spread():
+    # Group 0: two losses with equal returns (silent). Group 1: a win and a loss. Group 2: returns
+    # 0.5 and 0, no win (a spread: the task speaks). Every first row leads somewhere new.
+    batch = StepBatch.for_credit(
+        [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2],
+        [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5],
+        [0, 0, 0, 0, 0, 1, 0, 0, 0, 0.5, 0, 0],
+        anchor_key=["a", "b", "a", "a", "a", "b", "a", "b", "a", "b", "a", "b"],
+        won=[0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0],
+    )
+    traj_code = batch.traj_id
+    spread = group_return_spread(np.bincount(traj_code, weights=batch.reward)[traj_code], batch.group_id, batch.traj_id)
+    np.testing.assert_allclose(novelty_rewards(batch, spread, 0.1), [0.1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
+
+
+def test_novelty_bonus_credits_the_explorer_of_a_silent_group_by_hand():
+    # One silent group: trajectory 0 explores a -> b -> c -> d, trajectory 1 paces a -> b -> a -> b.
+    # Novelty rewards (bonus 0.1): trajectory 0 gets 0.1 on its first three rows (return 0.3),
+    # trajectory 1 on its first row (return 0.1). Dr.GRPO episode part: +-0.1. Step returns (gamma 1):
+    # [0.3, 0.2, 0.1, 0] and [0.1, 0, 0, 0]; anchor groups a {0.3, 0.1, 0} mean 4/30, b {0.2, 0, 0}
+    # mean 2/30; c and d are singletons.
+    batch = step_batch([0] * 8, [0] * 4 + [1] * 4, [0] * 8, ["a", "b", "c", "d", "a", "b", "a", "b"])
+    credit = compute_advantages(batch, resolved_algo([*GIGPO_MEAN, "algo.novelty_bonus=0.1", "algo.invalid_penalty=0"]))
+    np.testing.assert_allclose(credit.novelty, [0.1, 0.1, 0.1, 0, 0.1, 0, 0, 0])
+    np.testing.assert_allclose(credit.episode, [0.1] * 4 + [-0.1] * 4, atol=1e-12)
+    step = [0.3 - 4 / 30, 0.2 - 2 / 30, 0, 0, 0.1 - 4 / 30, 0 - 2 / 30, 0 - 4 / 30, 0 - 2 / 30]
+    np.testing.assert_allclose(credit.step, step, atol=1e-12)
+    np.testing.assert_allclose(credit.advantages, credit.episode + credit.step, atol=1e-12)
+    assert credit.metrics()["credit/novel_rows"] == 0.5
+    np.testing.assert_array_equal(credit.group_spread, [0.0])  # the task's spread, which the filter reads
+    without = compute_advantages(batch, resolved_algo([*GIGPO_MEAN, "algo.invalid_penalty=0"]))
+    np.testing.assert_array_equal(without.advantages, np.zeros(8))
+    assert "credit/novel_rows" not in without.metrics()
+
+
+@settings(max_examples=150, deadline=None)
+@given(batches(), st.sampled_from([0.05, 0.3, 2.0]))
+def test_novelty_bonus_leaves_every_group_with_a_win_or_a_spread_as_it_was(batch, bonus):
+    returns, groups, trajs, _, keys = batch
+    rewards = np.where(np.r_[trajs[1:] != trajs[:-1], True], returns, 0.0)  # each return on its last row
+    won = np.where(np.r_[trajs[1:] != trajs[:-1], True], rewards >= 1.0, False)
+    steps = StepBatch.for_credit(groups, trajs, rewards, anchor_key=keys, won=won)
+    algo = [*GIGPO_MEAN, "algo.invalid_penalty=0"]
+    plain = compute_advantages(steps, resolved_algo(algo))
+    novel = compute_advantages(steps, resolved_algo([*algo, f"algo.novelty_bonus={bonus}"]))
+    group_code = np.unique(groups, return_inverse=True)[1]
+    silent = (plain.group_spread == 0) & (np.bincount(group_code, weights=won) == 0)
+    spoken = ~silent[group_code]
+    np.testing.assert_array_equal(novel.advantages[spoken], plain.advantages[spoken])
+    np.testing.assert_array_equal(novel.novelty[spoken], 0.0)
+    assert set(np.unique(novel.novelty)) <= {0.0, bonus}
+    np.testing.assert_array_equal(novel.group_spread, plain.group_spread)
+
+
+def test_novelty_bonus_needs_anchor_keys_and_a_finite_non_negative_value():
+    batch = step_batch([0, 0], [0, 1], [0.0, 0.0], ["a", "a"])
+    batch.anchor_key = None
+    with pytest.raises(ValueError, match="novelty_bonus needs StepBatch.anchor_key"):
+        compute_advantages(batch, resolved_algo(["algo=grpo", "algo.novelty_bonus=0.1"]))
+    for value in ("-0.1", ".inf", ".nan"):
+        with pytest.raises(ConfigError, match="algo.novelty_bonus.*finite number >= 0"):
+            load_config(overrides=[f"algo.novelty_bonus={value}"])
