@@ -211,11 +211,11 @@ class AlgorithmConfig:
     reaches an invalid command that every member of a group repeats, which group-relative credit
     gives 0."""
     novelty_bonus: float = 0.0
-    """Reward that credit (not the reported return) adds to each step whose action reached an anchor
-    state (``env.anchor_key``) its trajectory had not been in, in the groups the task leaves silent:
-    no trajectory won and every return is equal. There the trajectories that explored more score
-    higher, the only signal such a group can give (count-based episodic novelty); in a group with a
-    win or a return spread, the task alone decides. 0 disables it."""
+    """Added to the advantage of each step whose action reached an anchor state (``env.anchor_key``)
+    its trajectory had not been in, on that step alone (as ``invalid_penalty`` is charged), in the
+    groups the task leaves silent: no trajectory won and every return is equal. There it is the one
+    signal (count-based episodic novelty: explore); in a group with a win or a return spread the
+    task alone decides. Returns and success are never changed. 0 disables it."""
     negative_weight: float = 0.25
     """Multiplies every negative advantage (after the invalid-action penalty). Below 1 the update
     learns more from what worked than from what failed: most rows of a failed trajectory are moves

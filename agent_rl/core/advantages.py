@@ -246,12 +246,11 @@ def novel_steps(traj_ids: np.ndarray, anchor_keys: np.ndarray) -> np.ndarray:
     return (following >= 0) & first[following]
 
 
-def novelty_rewards(batch: StepBatch, spread: np.ndarray, bonus: float) -> np.ndarray:
+def novelty_bonuses(batch: StepBatch, spread: np.ndarray, bonus: float) -> np.ndarray:
     """Per row, ``bonus`` where its action reached a state new to its trajectory (:func:`novel_steps`)
     in a group the task left silent: no trajectory won and the returns do not spread (``spread``,
-    :func:`group_return_spread`); 0 elsewhere. Where the task gives no signal, the trajectories
-    that explored more then score higher (count-based episodic novelty); where it gives one, it
-    alone decides."""
+    :func:`group_return_spread`); 0 elsewhere. Where the task gives no signal, a step that explores
+    is pushed up (count-based episodic novelty); where it gives one, it alone decides."""
     group_code, n_groups = dense_ids(batch.group_id)
     won = np.bincount(group_code, weights=batch.won, minlength=n_groups) > 0
     silent = (spread == 0) & ~won
@@ -400,8 +399,8 @@ class Credit:
     """What :func:`compute_advantages` assigns to each row of a batch, and why."""
 
     advantages: np.ndarray
-    """The advantage the learner uses: ``episode + step_weight * step - invalid_penalty * invalid``,
-    times ``negative_weight`` where that is negative, times the row's trajectory weight with
+    """The advantage the learner uses: ``episode + step_weight * step - invalid_penalty * invalid +
+    novelty``, times ``negative_weight`` where that is negative, times the row's trajectory weight with
     ``algo.row_weight="trajectory"``."""
     episode: np.ndarray
     """Trajectory-level part (Eq. 3): the trajectory's total reward against its group; 0 with
@@ -425,9 +424,9 @@ class Credit:
     position_mass: np.ndarray = field(default_factory=lambda: np.zeros(3))
     """The share of the advantages' absolute mass on the first, middle and last third of the
     trajectories' turns (:func:`turn_position_mass`)."""
-    novelty: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    """Per row, the novelty reward credit added to the environment's (``algo.novelty_bonus``,
-    :func:`novelty_rewards`); empty when the bonus is off."""
+    novelty: np.ndarray | None = None
+    """Per row, the novelty bonus added to its advantage (``algo.novelty_bonus``,
+    :func:`novelty_bonuses`); None when the bonus is off."""
 
     def filtered_out(self) -> bool:
         """Whether the variance filter dropped every group of a batch that had some."""
@@ -473,7 +472,7 @@ class Credit:
             "advantage/zero_fraction": float(np.mean(self.advantages == 0)) if len(self.advantages) else 0.0,
             "advantage/step_abs_mean": float(np.abs(self.step).mean()) if len(self.step) else 0.0,
         }
-        if len(self.novelty):
+        if self.novelty is not None and len(self.novelty):
             metrics["credit/novel_rows"] = float(np.mean(self.novelty > 0))
         if self.group_stats is not None:
             metrics["anchors/mean_group_size"] = self.group_stats.mean_size
@@ -523,14 +522,13 @@ def compute_advantages(batch: StepBatch, algo: CreditSettings) -> Credit:
       against its group (:func:`graph_advantages`).
     - Eq. 8: ``A = A_episode + step_weight * A_step``.
 
-    With ``algo.advantage="none"`` the episode part is 0 and step credit alone remains. With
-    ``algo.novelty_bonus``, both parts see the environment's rewards plus the novelty rewards of the
-    groups the task left silent (:func:`novelty_rewards`); the return spread that
-    ``credit/zero_variance_groups`` and the variance filter read is the task's.
+    With ``algo.advantage="none"`` the episode part is 0 and step credit alone remains.
 
     ``algo.invalid_penalty`` is then charged to each row whose action was invalid, on that row
     alone: it is not discounted into earlier steps and enters no group statistic, so no std can
-    scale it up. Negative advantages are then multiplied by ``algo.negative_weight``, and with
+    scale it up. ``algo.novelty_bonus`` is added the same way to each row whose action reached a
+    state new to its trajectory, in the groups the task left silent (:func:`novelty_bonuses`).
+    Negative advantages are then multiplied by ``algo.negative_weight``, and with
     ``algo.row_weight="trajectory"`` every row's advantage is scaled by
     :func:`trajectory_weights`, so each trajectory weighs the same in the loss whatever its length.
     Last, with ``algo.keep_groups`` below 1 or ``algo.drop_flat_groups`` the rows of the groups
@@ -545,15 +543,13 @@ def compute_advantages(batch: StepBatch, algo: CreditSettings) -> Credit:
         )
     n = len(batch)
     traj_code, _ = dense_ids(batch.traj_id)
-    task_return = np.bincount(traj_code, weights=batch.reward)[traj_code] if n else np.zeros(0)
-    spread = group_return_spread(task_return, batch.group_id, batch.traj_id) if n else np.zeros(0)
-    reward, novelty = batch.reward, np.zeros(0)
+    episode_return = np.bincount(traj_code, weights=batch.reward)[traj_code] if n else np.zeros(0)
+    spread = group_return_spread(episode_return, batch.group_id, batch.traj_id) if n else np.zeros(0)
+    novelty = None
     if algo.novelty_bonus:
         if batch.anchor_key is None:
             raise ValueError("algo.novelty_bonus needs StepBatch.anchor_key (see anchors.compute_anchor_keys)")
-        novelty = novelty_rewards(batch, spread, algo.novelty_bonus)
-        reward = reward + novelty
-    episode_return = np.bincount(traj_code, weights=reward)[traj_code] if n else np.zeros(0)
+        novelty = novelty_bonuses(batch, spread, algo.novelty_bonus)
     if algo.advantage == "none":
         episode = np.zeros(n)
     else:
@@ -570,12 +566,14 @@ def compute_advantages(batch: StepBatch, algo: CreditSettings) -> Credit:
             f"step credit ({algo.step_credit}) needs StepBatch.anchor_key (see anchors.compute_anchor_keys)"
         )
     if algo.step_credit == "anchor":
-        step_returns = discounted_returns(reward, batch.traj_id, algo.gamma)
+        step_returns = discounted_returns(batch.reward, batch.traj_id, algo.gamma)
         step = _normalize_within(step_returns, step_groups, group_stats_.n_groups, algo.step_normalize, algo.eps)
     elif algo.step_credit == "graph":
         graph = graph_progress(batch.group_id, batch.traj_id, batch.anchor_key, batch.won, batch.done, batch.truncated)
         step = graph_advantages(graph, normalize=algo.step_normalize, eps=algo.eps)
     advantages = episode + algo.step_weight * step - algo.invalid_penalty * ~batch.action_valid
+    if novelty is not None:
+        advantages = advantages + novelty
     advantages = np.where(advantages < 0, algo.negative_weight * advantages, advantages)
     if algo.row_weight == "trajectory" and n:
         advantages = advantages * trajectory_weights(traj_code)

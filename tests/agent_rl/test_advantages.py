@@ -19,7 +19,7 @@ from agent_rl.core.advantages import (
     group_return_spread,
     kept_groups,
     novel_steps,
-    novelty_rewards,
+    novelty_bonuses,
     step_advantages,
     trajectory_weights,
     turn_position_mass,
@@ -627,7 +627,7 @@ def test_novel_steps_by_hand():
     assert novel_steps(np.zeros(0, dtype=int), np.zeros(0, dtype=int)).shape == (0,)
 
 
-def test_novelty_rewards_reach_only_groups_without_a_win_or_a_return_spread():
+def test_novelty_bonuses_reach_only_groups_without_a_win_or_a_return_spread():
     # Group 0: two losses with equal returns (silent). Group 1: a win and a loss. Group 2: returns
     # 0.5 and 0, no win (a spread: the task speaks). Every first row leads somewhere new.
     batch = StepBatch.for_credit(
@@ -639,27 +639,28 @@ def test_novelty_rewards_reach_only_groups_without_a_win_or_a_return_spread():
     )
     traj_code = batch.traj_id
     spread = group_return_spread(np.bincount(traj_code, weights=batch.reward)[traj_code], batch.group_id, batch.traj_id)
-    np.testing.assert_allclose(novelty_rewards(batch, spread, 0.1), [0.1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
+    np.testing.assert_allclose(novelty_bonuses(batch, spread, 0.1), [0.1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
 
 
-def test_novelty_bonus_credits_the_explorer_of_a_silent_group_by_hand():
-    # One silent group: trajectory 0 explores a -> b -> c -> d, trajectory 1 paces a -> b -> a -> b.
-    # Novelty rewards (bonus 0.1): trajectory 0 gets 0.1 on its first three rows (return 0.3),
-    # trajectory 1 on its first row (return 0.1). Dr.GRPO episode part: +-0.1. Step returns (gamma 1):
-    # [0.3, 0.2, 0.1, 0] and [0.1, 0, 0, 0]; anchor groups a {0.3, 0.1, 0} mean 4/30, b {0.2, 0, 0}
-    # mean 2/30; c and d are singletons.
-    batch = step_batch([0] * 8, [0] * 4 + [1] * 4, [0] * 8, ["a", "b", "c", "d", "a", "b", "a", "b"])
-    credit = compute_advantages(batch, resolved_algo([*GIGPO_MEAN, "algo.novelty_bonus=0.1", "algo.invalid_penalty=0"]))
+def test_novelty_bonus_is_added_to_the_exploring_steps_of_a_silent_group_alone_by_hand():
+    # One silent group: trajectory 0 explores a -> b -> c -> d, trajectory 1 paces a -> b -> a -> b
+    # and makes one invalid move. Every return is 0, so episode and step credit give 0 and the
+    # bonus (0.1) reaches the steps that led somewhere new, on those steps alone, as the invalid-action
+    # penalty (0.5, at negative weight 0.25) reaches the invalid one.
+    batch = step_batch(
+        [0] * 8, [0] * 4 + [1] * 4, [0] * 8, ["a", "b", "c", "d", "a", "b", "b", "a"], valid=[1, 1, 1, 1, 1, 0, 1, 1]
+    )
+    algo = [*GIGPO_MEAN, "algo.negative_weight=0.25", "algo.invalid_penalty=0.5"]
+    credit = compute_advantages(batch, resolved_algo([*algo, "algo.novelty_bonus=0.1"]))
     np.testing.assert_allclose(credit.novelty, [0.1, 0.1, 0.1, 0, 0.1, 0, 0, 0])
-    np.testing.assert_allclose(credit.episode, [0.1] * 4 + [-0.1] * 4, atol=1e-12)
-    step = [0.3 - 4 / 30, 0.2 - 2 / 30, 0, 0, 0.1 - 4 / 30, 0 - 2 / 30, 0 - 4 / 30, 0 - 2 / 30]
-    np.testing.assert_allclose(credit.step, step, atol=1e-12)
-    np.testing.assert_allclose(credit.advantages, credit.episode + credit.step, atol=1e-12)
+    np.testing.assert_array_equal(credit.episode, np.zeros(8))
+    np.testing.assert_array_equal(credit.step, np.zeros(8))
+    np.testing.assert_allclose(credit.advantages, [0.1, 0.1, 0.1, 0, 0.1, -0.125, 0, 0], atol=1e-12)
     assert credit.metrics()["credit/novel_rows"] == 0.5
     np.testing.assert_array_equal(credit.group_spread, [0.0])  # the task's spread, which the filter reads
-    without = compute_advantages(batch, resolved_algo([*GIGPO_MEAN, "algo.invalid_penalty=0"]))
-    np.testing.assert_array_equal(without.advantages, np.zeros(8))
-    assert "credit/novel_rows" not in without.metrics()
+    without = compute_advantages(batch, resolved_algo(algo))
+    np.testing.assert_allclose(without.advantages, [0, 0, 0, 0, 0, -0.125, 0, 0], atol=1e-12)
+    assert without.novelty is None and "credit/novel_rows" not in without.metrics()
 
 
 @settings(max_examples=150, deadline=None)
@@ -678,6 +679,7 @@ def test_novelty_bonus_leaves_every_group_with_a_win_or_a_spread_as_it_was(batch
     np.testing.assert_array_equal(novel.advantages[spoken], plain.advantages[spoken])
     np.testing.assert_array_equal(novel.novelty[spoken], 0.0)
     assert set(np.unique(novel.novelty)) <= {0.0, bonus}
+    np.testing.assert_allclose(novel.advantages - plain.advantages, novel.novelty, atol=1e-12)
     np.testing.assert_array_equal(novel.group_spread, plain.group_spread)
 
 
