@@ -691,3 +691,10 @@ def test_novelty_bonus_needs_anchor_keys_and_a_finite_non_negative_value():
     for value in ("-0.1", ".inf", ".nan"):
         with pytest.raises(ConfigError, match="algo.novelty_bonus.*finite number >= 0"):
             load_config(overrides=[f"algo.novelty_bonus={value}"])
+
+
+def test_novelty_bonus_on_an_empty_batch_gives_empty_advantages():
+    empty = step_batch(np.zeros(0, dtype=int), np.zeros(0, dtype=int), np.zeros(0), np.zeros(0, dtype=int))
+    credit = compute_advantages(empty, resolved_algo(["algo.novelty_bonus=0.2"]))
+    assert credit.advantages.shape == (0,) and credit.novelty.shape == (0,)
+    assert "credit/novel_rows" not in credit.metrics()
