@@ -143,6 +143,13 @@ class RolloutConfig:
     """Sampling temperature; below 1, samples stay closer to the greedy policy that is evaluated."""
     top_p: float = 1.0
     """Nucleus sampling mass; keep 1.0 for on-policy RL (the learner does not renormalize)."""
+    explore_rate: float = 0.0
+    """Probability that a training turn plays a uniformly random admissible action in place of the
+    policy's reply (turns whose environment lists no ``admissible_actions`` always play the policy's).
+    Such a turn is learned like the policy's own, written as the policy writes that action, with its
+    old logprobs scored by the learner's model before the update. From a start that never wins, it
+    lets some trajectories reach the reward that the policy alone never finds; evaluation never
+    explores. 0 (default) plays the policy alone."""
     parser: Literal[ACTION_PARSERS] = "first_line"
     """How actions are read from completions: ``first_line`` (the embedded model), ``action_tag`` (the
     content of an ``<action>`` tag) or ``admissible`` (the first admissible action the reply names, for

@@ -36,6 +36,7 @@ def check_rollout(rollout: RolloutConfig) -> None:
     )
     _require(rollout.temperature > 0, "rollout.temperature", f"must be > 0, got {rollout.temperature}")
     _require(0 < rollout.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {rollout.top_p}")
+    _require(0 <= rollout.explore_rate < 1, "rollout.explore_rate", f"must be in [0, 1), got {rollout.explore_rate}")
 
 
 def validate(config: Config) -> None:

@@ -228,9 +228,16 @@ class Learner:
         if batch is not None:
             prompts, responses, old_logprobs = batch.prompt_ids, batch.response_ids, batch.old_logprobs
             rows_advantages, rows_trajectories = [advantages], [np.asarray(batch.traj_id, dtype=np.int64)]
-            if cfg.trainer.recompute_old_logprobs:
+            # Explored turns were not sampled by the engine: the learner's weights score them.
+            rescore = cfg.trainer.recompute_old_logprobs | batch.extras.get("explored", np.zeros(len(batch), bool))
+            if np.any(rescore):
                 old_logprobs, metrics = recompute_logprobs(
-                    self.model, batch, cfg.optim.micro_batch_size, cfg.rollout.temperature, cfg.policy.precision
+                    self.model,
+                    batch,
+                    cfg.optim.micro_batch_size,
+                    cfg.rollout.temperature,
+                    cfg.policy.precision,
+                    rescore,
                 )
         prompts = broadcast_ragged(prompts, torch.int64, self.dist)
         if not prompts:

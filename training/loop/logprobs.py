@@ -86,20 +86,32 @@ def sequence_logprobs(
 
 @torch.no_grad()
 def recompute_logprobs(
-    model: torch.nn.Module, batch: StepBatch, micro_batch_size: int, temperature: float, precision: str = "fp32"
+    model: torch.nn.Module,
+    batch: StepBatch,
+    micro_batch_size: int,
+    temperature: float,
+    precision: str = "fp32",
+    rows: np.ndarray | None = None,
 ) -> tuple[list[np.ndarray], dict[str, float]]:
-    """Old logprobs of ``batch``'s responses from ``model``, and how far the engine's were from them."""
-    recomputed, diffs = [], []
-    for start in range(0, len(batch), micro_batch_size):
-        rows = range(start, min(start + micro_batch_size, len(batch)))
+    """``batch``'s old logprobs with those of ``rows`` (a boolean mask; None: every row) scored by
+    ``model``, and how far the engine's were from them. Rows the rollout explored
+    (``batch.extras["explored"]``) carry no engine logprobs and are left out of the mismatch."""
+    rows = np.ones(len(batch), dtype=bool) if rows is None else np.asarray(rows, dtype=bool)
+    index = np.flatnonzero(rows)
+    old_logprobs = list(batch.old_logprobs)
+    for start in range(0, len(index), micro_batch_size):
+        chunk = index[start : start + micro_batch_size]
         logp, mask = sequence_logprobs(
-            model, [batch.prompt_ids[i] for i in rows], [batch.response_ids[i] for i in rows], temperature, precision
+            model, [batch.prompt_ids[i] for i in chunk], [batch.response_ids[i] for i in chunk], temperature, precision
         )
-        for row, values, valid in zip(rows, logp.cpu().numpy(), mask.cpu().numpy().astype(bool)):
-            recomputed.append(values[valid].astype(np.float32))
-            diffs.append(np.abs(recomputed[-1] - batch.old_logprobs[row]))
-    flat = np.concatenate(diffs) if diffs else np.zeros(1)
-    return recomputed, {
-        "update/logprob_mismatch_mean": float(flat.mean()),
-        "update/logprob_mismatch_max": float(flat.max()),
+        for row, values, valid in zip(chunk, logp.cpu().numpy(), mask.cpu().numpy().astype(bool)):
+            old_logprobs[row] = values[valid].astype(np.float32)
+    engine_scored = rows & ~np.asarray(batch.extras.get("explored", np.zeros(len(batch), dtype=bool)), dtype=bool)
+    diffs = [np.abs(old_logprobs[i] - batch.old_logprobs[i]) for i in np.flatnonzero(engine_scored)]
+    if not diffs:
+        return old_logprobs, {}
+    flat = np.concatenate(diffs)
+    return old_logprobs, {
+        "update/logprob_mismatch_mean": float(flat.mean()) if flat.size else 0.0,
+        "update/logprob_mismatch_max": float(flat.max()) if flat.size else 0.0,
     }

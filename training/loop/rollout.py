@@ -97,6 +97,9 @@ class Move:
     """Whether an action was found in the response (False: the empty command, an invalid action)."""
     learn: bool = True
     """Whether the turn is a training example (a demonstration's perturbed turn is not)."""
+    explored: bool = False
+    """Whether the rollout played a random admissible action in place of the policy's reply
+    (``rollout.explore_rate``); its ``logprobs`` are placeholders for the learner to score."""
 
 
 class Actor(Protocol):
@@ -112,6 +115,13 @@ class PlayStats:
     tokens: int = 0
     generate_seconds: float = 0.0
     turns: int = 0
+
+
+def turn_prompt_ids(prompt_format: PromptFormat, tokenizer, episode: Episode) -> list[int]:
+    """The prompt of ``episode``'s current turn."""
+    return prompt_format.prompt_ids(
+        tokenizer, episode.task, episode.history, episode.observation, episode.admissible_actions
+    )
 
 
 class PolicyActor:
@@ -130,10 +140,7 @@ class PolicyActor:
         )
 
     def act(self, episodes: list[Episode]) -> list[Move]:
-        prompts = [
-            self.format.prompt_ids(self.tokenizer, e.task, e.history, e.observation, e.admissible_actions)
-            for e in episodes
-        ]
+        prompts = [turn_prompt_ids(self.format, self.tokenizer, e) for e in episodes]
         start = time.perf_counter()
         completions = self.engine.generate(prompts, 1, self.sampling)
         self.stats.generate_seconds += time.perf_counter() - start
@@ -145,6 +152,31 @@ class PolicyActor:
                 Move(action, prompt, completion.token_ids, completion.logprobs, completion.finish_reason, found)
             )
         return moves
+
+
+class ExploringActor:
+    """The policy, except that each turn of an episode whose environment lists admissible actions
+    plays a uniformly random one of them with probability ``rate`` (``rollout.explore_rate``). That
+    move is written as the policy writes the action; its logprobs are zeros for the learner to
+    score (``Move.explored``), since no engine sampled it."""
+
+    def __init__(self, policy: PolicyActor, rate: float, rng: np.random.Generator):
+        self.policy, self.rate, self.rng = policy, rate, rng
+
+    def act(self, episodes: list[Episode]) -> list[Move]:
+        listed = np.array([bool(e.admissible_actions) for e in episodes])
+        explore = (self.rng.random(len(episodes)) < self.rate) & listed
+        own = [e for e, x in zip(episodes, explore) if not x]
+        own_moves = iter(self.policy.act(own) if own else [])
+        return [self._explore(e) if x else next(own_moves) for e, x in zip(episodes, explore)]
+
+    def _explore(self, episode: Episode) -> Move:
+        admissible = episode.admissible_actions
+        action = admissible[int(self.rng.integers(len(admissible)))]
+        prompt_format, tokenizer = self.policy.format, self.policy.tokenizer
+        response = prompt_format.response_ids(tokenizer, action)
+        prompt = turn_prompt_ids(prompt_format, tokenizer, episode)
+        return Move(action, prompt, response, [0.0] * len(response), explored=True)
 
 
 def overlong_shaping(lengths: np.ndarray, max_new_tokens: int, penalty: float, buffer: int) -> np.ndarray:
@@ -245,6 +277,7 @@ def _record(episode: Episode, move: Move, result: EnvResult, config: RolloutConf
             "won": bool(info.get("won", terminated and reward > 0)),  # without the key: ended with a positive reward
             "overlong": move.finish_reason == "length",
             "learn": move.learn,
+            "explored": move.explored,
             "prompt_ids": np.asarray(move.prompt_ids, dtype=np.int64),
             "response_ids": np.asarray(move.response_ids, dtype=np.int64),
             "old_logprobs": np.asarray(move.logprobs, dtype=np.float32),
@@ -272,6 +305,7 @@ def episodes_to_batch(episodes: Sequence[Episode], group_ids: Sequence[int], fir
         extras={
             "overlong_penalty": np.asarray([row["overlong_penalty"] for row in rows], dtype=np.float64),
             "seed": np.repeat(np.asarray([e.seed for e in episodes], dtype=np.int64), lengths),
+            "explored": np.asarray([row["explored"] for row in rows], dtype=bool),
         },
     )
 
@@ -314,8 +348,11 @@ def collect_rollouts(
         seeds = draw_seeds(rng, missing if missing > 0 else config.n_groups, used)
         round_seeds = np.repeat(seeds, config.group_size)
         round_groups = np.repeat(np.arange(len(seeds)), config.group_size)
+        # Exploration draws its own numbers, from the round's seeds: the seed stream stays the same.
+        explorer = ExploringActor(actor, config.explore_rate, np.random.default_rng(seeds))
+        round_actor = explorer if config.explore_rate else actor
         with env_pool(envs, len(round_seeds)) as pool:
-            episodes = play_episodes(pool, actor, round_seeds, round_groups, config, play, progress)
+            episodes = play_episodes(pool, round_actor, round_seeds, round_groups, config, play, progress)
         played += episodes
         rounds += 1
         for group in range(len(seeds)):
@@ -365,6 +402,7 @@ def episode_stats(episodes: Sequence[Episode], play: PlayStats, seconds: float) 
         "mean_return": mean([e.total_return for e in done]),
         "mean_length": mean([len(e.rows) for e in done]),
         "invalid_action_rate": mean([not row["action_valid"] for row in rows]),
+        "explored_rate": mean([row["explored"] for row in rows]),
         "overlong_rate": mean([row["overlong"] for row in rows]),
         "tokens_generated": float(play.tokens),
         "tokens_per_s": play.tokens / play.generate_seconds if play.generate_seconds > 0 else 0.0,
@@ -378,6 +416,7 @@ ROLLOUT_METRICS = {
     "return": "mean_return",
     "length": "mean_length",
     "invalid_rate": "invalid_action_rate",
+    "explored_rate": "explored_rate",
     "overlong_rate": "overlong_rate",
     "failed_trajectories": "failed_trajectories",
     "dropped_groups": "dropped_groups",

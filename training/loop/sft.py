@@ -36,6 +36,7 @@ from agent_rl.training.loop.rollout import (
     play_episodes,
     sampling_params,
     split_failed,
+    turn_prompt_ids,
 )
 from agent_rl.training.models.prompts import PromptFormat
 from agent_rl.training.serving.engines import Engine, HFEngine
@@ -141,16 +142,8 @@ class DemonstrationActor:
         return self._cloned(episode, plan.pop(0))
 
     def _cloned(self, episode: Episode, action: str) -> Move:
-        prompt = self.format.prompt_ids(
-            self.tokenizer, episode.task, episode.history, episode.observation, episode.admissible_actions
-        )
-        return Move(action, prompt, response_ids(self.tokenizer, self.format, action))
-
-
-def response_ids(tokenizer, prompt_format: PromptFormat, action: str) -> list[int]:
-    """The tokens of a demonstrated reply: the action as the prompt format writes it, then EOS."""
-    text = prompt_format.response_text(action)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"]) + [tokenizer.eos_token_id]
+        prompt = turn_prompt_ids(self.format, self.tokenizer, episode)
+        return Move(action, prompt, self.format.response_ids(self.tokenizer, action))
 
 
 class OracleLabeller:
@@ -166,7 +159,7 @@ class OracleLabeller:
         moves = self.policy.act(episodes)
         plans = self.pool.oracle([e.slot for e in episodes])
         return [
-            dataclasses.replace(move, response_ids=response_ids(self.tokenizer, self.format, plan[0]))
+            dataclasses.replace(move, response_ids=self.format.response_ids(self.tokenizer, plan[0]))
             if plan
             else dataclasses.replace(move, learn=False)
             for move, plan in zip(moves, plans)

@@ -186,6 +186,13 @@ class PromptFormat:
         """What the model should write to play ``action`` (the target of a demonstration)."""
         return f"<action>{action}</action>" if self.parser == "action_tag" else action
 
+    def response_ids(self, tokenizer, action: str) -> list[int]:
+        """The tokens of a reply that plays ``action``: :meth:`response_text`, then EOS, as the
+        engines generate it."""
+        return list(tokenizer(self.response_text(action), add_special_tokens=False)["input_ids"]) + [
+            tokenizer.eos_token_id
+        ]
+
     def messages(
         self, task: str, history: Sequence[Turn], observation: str, admissible_actions: Sequence[str] | None
     ) -> list[dict[str, str]]:
