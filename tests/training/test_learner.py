@@ -794,18 +794,57 @@ def _rows_batch(prompts, responses, old):
 
 def test_recomputed_logprobs_are_the_models_and_the_mismatch_is_measured():
     model = _tiny_model()
-    prompts, responses, _ = _synthetic_rows(40, 5, seed=1)
+    prompts, responses, _ = _synthetic_rows(40, 6, seed=1)
     with torch.no_grad():
         logp, _ = sequence_logprobs(model, prompts, responses)
     exact = [row[: len(r)].numpy().astype(np.float32) for row, r in zip(logp, responses)]
-    shifted = [values - 0.25 for values in exact]
+    engine = [values - 0.25 for values in exact]
     recomputed, metrics = recompute_logprobs(
-        model, _rows_batch(prompts, responses, shifted), micro_batch_size=2, temperature=1.0
+        model, _rows_batch(prompts, responses, engine), micro_batch_size=2, temperature=1.0
     )
     for got, want in zip(recomputed, exact):
         np.testing.assert_allclose(got, want, atol=1e-5)
     assert metrics["update/logprob_mismatch_mean"] == pytest.approx(0.25, abs=1e-4)
     assert metrics["update/logprob_mismatch_max"] == pytest.approx(0.25, abs=1e-4)
+    # Only the asked rows are rescored; an explored row (placeholder zeros) leaves the mismatch out.
+    engine[1] = engine[1] - 0.75
+    engine[3] = np.zeros_like(exact[3])
+    batch = _rows_batch(prompts, responses, engine)
+    batch.extras["explored"] = np.array([False, False, False, True, False, False])
+    rows = np.array([True, True, False, True, False, False])
+    recomputed, metrics = recompute_logprobs(model, batch, micro_batch_size=2, temperature=1.0, rows=rows)
+    for i in range(6):
+        np.testing.assert_allclose(recomputed[i], exact[i] if rows[i] else engine[i], atol=1e-5)
+    n0, n1 = len(exact[0]), len(exact[1])  # rows 0 and 1: off by 0.25 and 1.0
+    assert metrics["update/logprob_mismatch_mean"] == pytest.approx((0.25 * n0 + 1.0 * n1) / (n0 + n1), abs=1e-4)
+    assert metrics["update/logprob_mismatch_max"] == pytest.approx(1.0, abs=1e-4)
+    _, metrics = recompute_logprobs(model, batch, 2, 1.0, rows=batch.extras["explored"])
+    assert metrics == {}  # nothing the engine sampled was rescored
+
+
+def test_the_update_scores_explored_rows_with_its_own_weights(policy):
+    """An explored row's placeholder logprobs (zeros) never reach the ratio: with lr 0 the first
+    step's ratios are exactly 1 and its KL 0, as for rows the engine sampled."""
+    model, _ = policy
+    prompts, responses, _ = _synthetic_rows(model.config.vocab_size, 4, seed=3)
+    with torch.no_grad():
+        logp, _ = sequence_logprobs(model, prompts, responses, 1.0)
+    old = [row[: len(r)].numpy() for row, r in zip(logp, responses)]
+    old[2] = np.zeros_like(old[2])
+    batch = _rows_batch(prompts, responses, old)
+    overrides = ["rollout.temperature=1", "optim.epochs=1", "algo.loss=grpo", "algo.kl_coef=0", "engine=hf"]
+    config = resolve(load_config(overrides=[*overrides, "optim.min_steps=0"]))
+    for explored in (True, False):
+        batch.extras["explored"] = np.array([False, False, explored, False])
+        copy_ = copy.deepcopy(model)
+        learner = Learner(copy_, torch.optim.AdamW(copy_.parameters(), lr=0.0), config, np.random.default_rng(0))
+        with Progress(disable=True) as progress:
+            metrics = learner.update(batch, np.array([1.0, -1.0, 1.0, -1.0]), progress)
+        if explored:
+            assert metrics["update/first_step_approx_kl"] == pytest.approx(0.0, abs=1e-6)
+            assert metrics["update/ratio_min"] == pytest.approx(1.0, abs=1e-5)
+        else:  # without the flag the zeros are taken for the engine's logprobs: ratio exp(logp) < 1
+            assert metrics["update/ratio_min"] < 1.0 - 1e-3
 
 
 def test_an_update_without_rows_learns_nothing():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -339,6 +341,59 @@ def test_overlong_responses_are_marked_and_shaped(policy):
     assert batch.reward.tolist() == [0.75, 0.75] and batch.extras["overlong_penalty"].tolist() == [-0.25, -0.25]
 
 
+def test_exploration_plays_random_admissible_actions_written_as_the_policy_writes_them(policy):
+    _, tokenizer = policy
+    env = RegisteredEnv("test_rollout/Coin-v0", {"steps": 4})
+    config = one_round(n_groups=4, group_size=4, max_turns=4, explore_rate=0.5)
+    engine = ScriptedEngine(tokenizer)
+    rng = np.random.default_rng(7)
+    batch, stats = collect_rollouts(env, engine, tokenizer, config, rng)
+    check_batch_invariants(batch, config)
+    replay_matches(batch, "test_rollout/Coin-v0", {"steps": 4})
+    explored = batch.extras["explored"]
+    assert len(batch) == 64 and 16 <= explored.sum() <= 48
+    assert stats["explored_rate"] == pytest.approx(explored.mean())
+    assert sum(size for size, _ in engine.calls) == np.sum(~explored)  # the engine answers only the others
+    eos = tokenizer.eos_token_id
+    for i in np.flatnonzero(explored):
+        assert batch.action[i] in ("heads", "tails") and batch.action_valid[i]
+        assert batch.response_ids[i].tolist() == tokenizer(batch.action[i], add_special_tokens=False)["input_ids"] + [
+            eos
+        ]
+        assert not batch.old_logprobs[i].any()  # placeholders: the learner scores them
+    assert all(np.all(batch.old_logprobs[i] == -0.5) for i in np.flatnonzero(~explored))
+    # Both words are explored: mode-same prompts, where the policy only ever says heads, also say tails.
+    same = np.array(["mode same" in o for o in batch.observation]) | (batch.t > 0)
+    assert "tails" in {batch.action[i] for i in np.flatnonzero(explored & same)}
+    # The same seed stream draws the same seeds and the same explored turns; exploration draws none of its numbers.
+    plain_rng = np.random.default_rng(7)
+    plain_config = dataclasses.replace(config, explore_rate=0.0)
+    plain, plain_stats = collect_rollouts(env, ScriptedEngine(tokenizer), tokenizer, plain_config, plain_rng)
+    np.testing.assert_array_equal(plain.extras["seed"], batch.extras["seed"])
+    assert rng.integers(1 << 30) == plain_rng.integers(1 << 30)
+    assert not plain.extras["explored"].any() and plain_stats["explored_rate"] == 0.0
+    again, _ = collect_rollouts(env, ScriptedEngine(tokenizer), tokenizer, config, np.random.default_rng(7))
+    np.testing.assert_array_equal(again.extras["explored"], explored)
+
+
+class UnlistedCoinEnv(CoinEnv):
+    """CoinEnv whose infos list no admissible actions."""
+
+    def _info(self, valid, error, won):
+        return {k: v for k, v in super()._info(valid, error, won).items() if k != "admissible_actions"}
+
+
+def test_exploration_leaves_turns_without_admissible_actions_to_the_policy(policy):
+    _, tokenizer = policy
+    engine = ScriptedEngine(tokenizer)
+    config = one_round(n_groups=2, group_size=4, max_turns=3, explore_rate=0.9)
+    batch, stats = collect_rollouts(
+        lambda: UnlistedCoinEnv(steps=3), engine, tokenizer, config, np.random.default_rng(0)
+    )
+    assert len(batch) == 24 and not batch.extras["explored"].any() and stats["explored_rate"] == 0.0
+    assert sum(size for size, _ in engine.calls) == 24
+
+
 def test_evaluate_reports_success_and_uses_greedy_decoding(policy):
     _, tokenizer = policy
     engine = ScriptedEngine(tokenizer)
@@ -361,6 +416,9 @@ def test_rollout_config_is_validated(policy):
         ({"parser": "xml"}, "rollout.parser"),
         ({"max_new_tokens": 4, "overlong_buffer": 5}, "rollout.overlong_buffer"),
         ({"top_p": 0.0}, "rollout.top_p"),
+        ({"explore_rate": -0.1}, "rollout.explore_rate"),
+        ({"explore_rate": 1.0}, "rollout.explore_rate"),
+        ({"explore_rate": float("nan")}, "rollout.explore_rate"),
     ):
         with pytest.raises(ConfigError, match=f"config key '{key}'"):
             check_rollout(RolloutConfig(**bad))

@@ -101,6 +101,7 @@ def test_short_run_writes_logs_checkpoints_and_config(tmp_path, algo):
     for key in (
         "rollout/success_rate",
         "rollout/invalid_rate",
+        "rollout/explored_rate",
         "anchors/grouped_fraction",
         "time/rollout",
         "time/update",
