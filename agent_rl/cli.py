@@ -172,6 +172,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             episodes=args.episodes,
             which=args.checkpoint,
             sampled=args.sampled,
+            transcripts=args.show,
         )
         if args.json:
             with open(args.json, "w") as handle:
@@ -227,6 +228,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return process.wait()  # the benchmark stops its runs first
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -291,6 +299,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="which checkpoint of a run (sft: its warm start)",
     )
     p.add_argument("--sampled", action="store_true", help="also evaluate with sampling")
+    p.add_argument(
+        "--show",
+        type=_non_negative,
+        default=0,
+        metavar="N",
+        help="print (and keep in --json) the actions of the first N episodes of each mode",
+    )
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE", help=imports_help)
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (dotted keys)")

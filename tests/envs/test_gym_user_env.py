@@ -18,7 +18,7 @@ from tiny_train import TINY_TRAIN  # tests/envs
 
 from agent_rl.cli import main
 from agent_rl.config import Config, ConfigError, load_config
-from agent_rl.envs import auto_sft_mode, check_text_env
+from agent_rl.envs import EVAL_SEED_BASE, auto_sft_mode, check_text_env
 from agent_rl.training.infra.logger import read_metrics
 from agent_rl.training.infra.resolution import resolve
 from agent_rl.training.loop.rollout import Move, PlayStats, play_episodes
@@ -84,9 +84,16 @@ def test_plain_gymnasium_env_trains_evaluates_and_plays_through_the_cli(tmp_path
         saved["sft"]["mode"] == "none" and saved["env"]["kwargs"] == {} and saved["env"]["anchor_key"] == "observation"
     )
     out = tmp_path / "eval.json"
-    assert main(["eval", str(run_dir), "--checkpoint", "last", "--episodes", "2", "--json", str(out)]) == 0
-    assert json.loads(out.read_text())["env"] == LOCK_ID
     capsys.readouterr()
+    assert (
+        main(["eval", str(run_dir), "--checkpoint", "last", "--episodes", "2", "--show", "1", "--json", str(out)]) == 0
+    )
+    results = json.loads(out.read_text())
+    assert results["env"] == LOCK_ID and [t["seed"] for t in results["greedy_transcripts"]] == [EVAL_SEED_BASE]
+    (shown,) = results["greedy_transcripts"]
+    assert isinstance(shown["won"], bool) and shown["actions"] and all(isinstance(a, str) for a in shown["actions"])
+    outcome = "won " if shown["won"] else "lost"
+    assert f"greedy seed {EVAL_SEED_BASE} {outcome}: {' | '.join(shown['actions'])}" in capsys.readouterr().out
     monkeypatch.setattr("sys.stdin", io.StringIO("999\n:quit\n"))
     assert main(["play", LOCK_ID, "--seed", "3"]) == 0
     assert "digit(s) in place" in capsys.readouterr().out

@@ -400,10 +400,20 @@ def test_evaluate_reports_success_and_uses_greedy_decoding(policy):
     result = evaluate(RegisteredEnv("test_rollout/Coin-v0", {"steps": 2}), engine, tokenizer, [2, 4, 6])
     assert result["n"] == 3 and result["success_rate"] == 1.0 and result["mean_length"] == 2.0
     assert result["mean_return"] == 1.0 and all(sampling.greedy for _, sampling in engine.calls)
+    assert "transcripts" not in result
     result = evaluate(
-        RegisteredEnv("test_rollout/Coin-v0", {}), ScriptedEngine(tokenizer), tokenizer, [1, 3], greedy=False
+        RegisteredEnv("test_rollout/Coin-v0", {}),
+        ScriptedEngine(tokenizer),
+        tokenizer,
+        [1, 3],
+        greedy=False,
+        transcripts=5,
     )
     assert result["success_rate"] == 0.5  # mixed mode: positions 0/1 say heads/tails
+    assert result["transcripts"] == [
+        {"seed": 1, "won": True, "actions": ["heads"]},
+        {"seed": 3, "won": False, "actions": ["tails"]},
+    ]
     with pytest.raises(ValueError, match="seed"):
         evaluate(RegisteredEnv("test_rollout/Coin-v0", {}), engine, tokenizer, [])
 

@@ -19,6 +19,7 @@ from agent_rl.envs import EVAL_SEED_BASE
 from agent_rl.training.infra.resolution import resolve
 from agent_rl.training.loop.rollout import (
     SEED_HIGH,
+    Episode,
     PlayStats,
     PolicyActor,
     episode_stats,
@@ -46,9 +47,12 @@ def evaluate(
     greedy: bool = True,
     config: RolloutConfig | None = None,
     progress: Any = None,
-) -> dict[str, float]:
+    transcripts: int = 0,
+) -> dict[str, Any]:
     """Play one episode per seed (greedy, or sampled with ``config``'s temperature/top-p) and report
-    ``success_rate``, ``mean_length``, ``mean_return``, ``n`` and the other ``episode_stats``."""
+    ``success_rate``, ``mean_length``, ``mean_return``, ``n`` and the other ``episode_stats``; with
+    ``transcripts`` > 0, ``transcripts`` also holds what the first that many episodes played
+    (:func:`transcript`)."""
     if len(seeds) == 0:
         raise ValueError("evaluate needs at least one seed")
     config = config or RolloutConfig()
@@ -59,7 +63,18 @@ def evaluate(
         episodes = play_episodes(pool, actor, seeds, range(len(seeds)), config, play, progress)
     stats = episode_stats(episodes, play, time.perf_counter() - start)
     stats["n"] = float(len(seeds))
+    if transcripts:
+        stats["transcripts"] = [transcript(e) for e in episodes[:transcripts]]
     return stats
+
+
+def transcript(episode: Episode) -> dict[str, Any]:
+    """An episode's seed, outcome and actions (``None`` for an episode whose environment failed)."""
+    return {
+        "seed": episode.seed,
+        "won": bool(episode.rows and episode.rows[-1]["won"]),
+        "actions": None if episode.failure else [row["action"] for row in episode.rows],
+    }
 
 
 def evaluate_heldout(
@@ -149,10 +164,12 @@ def evaluate_policy(
     which: str = "best",
     sampled: bool = False,
     console: Console | None = None,
+    transcripts: int = 0,
 ) -> dict[str, Any]:
     """Evaluate a run directory (its ``best``/``last`` checkpoint, its config) or a model directory
     (the default recipe's config, ``agent_rl.config.load_default_config``) on held-out seeds; returns
-    the eval metrics (``agent-rl eval``)."""
+    the eval metrics (``agent-rl eval``), and the actions of the first ``transcripts`` episodes of
+    each mode (``<mode>_transcripts``), which the console also shows."""
     from agent_rl.training.infra import checkpoint
     from agent_rl.training.infra.distributed import resolve_device
     from agent_rl.training.models.policy import load_policy
@@ -177,16 +194,31 @@ def evaluate_policy(
         seeds = eval_seeds(config.trainer.eval_episodes)
         results: dict[str, Any] = {"model": str(model_dir), "env": config.env.id, "episodes": len(seeds)}
         for mode in ("greedy", "sampled") if sampled else ("greedy",):
-            stats = evaluate(make_env, engine, tokenizer, seeds, greedy=mode == "greedy", config=config.rollout)
+            stats = evaluate(
+                make_env,
+                engine,
+                tokenizer,
+                seeds,
+                greedy=mode == "greedy",
+                config=config.rollout,
+                transcripts=transcripts,
+            )
             results.update(
                 {
                     f"{mode}_{k}": v
                     for k, v in stats.items()
-                    if k in ("success_rate", "mean_length", "mean_return", "invalid_action_rate")
+                    if k in ("success_rate", "mean_length", "mean_return", "invalid_action_rate", "transcripts")
                 }
             )
     finally:
         engine.close()
     for key, value in results.items():
-        console.print(f"{key:>28}: {value:.3f}" if isinstance(value, float) else f"{key:>28}: {value}")
+        if key.endswith("_transcripts"):
+            for shown in value:
+                outcome = "won " if shown["won"] else "lost"
+                actions = "environment failed" if shown["actions"] is None else " | ".join(shown["actions"])
+                mode = key.removesuffix("_transcripts")
+                console.print(f"{mode:>8} seed {shown['seed']} {outcome}: {actions}", markup=False, soft_wrap=True)
+        else:
+            console.print(f"{key:>28}: {value:.3f}" if isinstance(value, float) else f"{key:>28}: {value}")
     return results
