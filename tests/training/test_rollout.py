@@ -9,12 +9,14 @@ import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
+from hypothesis import given
+from hypothesis import strategies as st
 
 from agent_rl.config import RolloutConfig
 from agent_rl.envs import register_text_env
 from agent_rl.training.loop.evaluation import evaluate
 from agent_rl.training.loop.logprobs import sequence_logprobs
-from agent_rl.training.loop.rollout import collect_rollouts, overlong_shaping
+from agent_rl.training.loop.rollout import action_entropy, collect_rollouts, overlong_shaping
 from agent_rl.training.serving.engines import Completion, HFEngine, SamplingParams
 from agent_rl.training.serving.envpool import RegisteredEnv
 
@@ -400,7 +402,7 @@ def test_evaluate_reports_success_and_uses_greedy_decoding(policy):
     result = evaluate(RegisteredEnv("test_rollout/Coin-v0", {"steps": 2}), engine, tokenizer, [2, 4, 6])
     assert result["n"] == 3 and result["success_rate"] == 1.0 and result["mean_length"] == 2.0
     assert result["mean_return"] == 1.0 and all(sampling.greedy for _, sampling in engine.calls)
-    assert "transcripts" not in result
+    assert "transcripts" not in result and result["action_entropy"] == 0.0  # heads, whatever the state
     result = evaluate(
         RegisteredEnv("test_rollout/Coin-v0", {}),
         ScriptedEngine(tokenizer),
@@ -410,6 +412,7 @@ def test_evaluate_reports_success_and_uses_greedy_decoding(policy):
         transcripts=5,
     )
     assert result["success_rate"] == 0.5  # mixed mode: positions 0/1 say heads/tails
+    assert result["action_entropy"] == 1.0
     assert result["transcripts"] == [
         {"seed": 1, "won": True, "actions": ["heads"]},
         {"seed": 3, "won": False, "actions": ["tails"]},
@@ -464,3 +467,22 @@ def test_rollouts_take_any_environment_factory_or_a_pool(policy):
             pool, ScriptedEngine(tokenizer), tokenizer, one_round(n_groups=3, group_size=2), np.random.default_rng(3)
         )
     pool.close()
+
+
+def test_action_entropy_in_bits():
+    assert action_entropy([]) == 0.0 and action_entropy(["look"] * 7) == 0.0
+    assert action_entropy(["go east", "go west"]) == 1.0
+    # 3/4 and 1/4: 0.75 log2(4/3) + 0.25 log2(4)
+    assert action_entropy(["a", "a", "a", "b"]) == pytest.approx(0.75 * np.log2(4 / 3) + 0.5)
+
+
+@given(st.lists(st.sampled_from(["look", "inventory", "go east", "take cup", ""]), max_size=40), st.randoms())
+def test_action_entropy_is_bounded_and_ignores_order_and_names(actions, random):
+    entropy = action_entropy(actions)
+    assert 0.0 <= entropy <= np.log2(max(len(set(actions)), 1)) + 1e-12
+    shuffled = random.sample(actions, len(actions))
+    assert action_entropy(shuffled) == pytest.approx(entropy)
+    assert action_entropy([f"renamed {a}" for a in actions]) == pytest.approx(entropy)
+    if actions:  # k equally played actions: log2 k
+        k = len(set(actions))
+        assert action_entropy(sorted(set(actions)) * 3) == pytest.approx(np.log2(k))

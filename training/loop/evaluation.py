@@ -95,6 +95,7 @@ def evaluate_heldout(
                 f"eval/{mode}_success": stats["success_rate"],
                 f"eval/{mode}_length": stats["mean_length"],
                 f"eval/{mode}_invalid_rate": stats["invalid_action_rate"],
+                f"eval/{mode}_action_entropy": stats["action_entropy"],
             }
         )
         if mode == "greedy":

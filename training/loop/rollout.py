@@ -403,6 +403,7 @@ def episode_stats(episodes: Sequence[Episode], play: PlayStats, seconds: float) 
         "mean_length": mean([len(e.rows) for e in done]),
         "invalid_action_rate": mean([not row["action_valid"] for row in rows]),
         "explored_rate": mean([row["explored"] for row in rows]),
+        "action_entropy": action_entropy([row["action"] for row in rows]),
         "overlong_rate": mean([row["overlong"] for row in rows]),
         "tokens_generated": float(play.tokens),
         "tokens_per_s": play.tokens / play.generate_seconds if play.generate_seconds > 0 else 0.0,
@@ -411,12 +412,25 @@ def episode_stats(episodes: Sequence[Episode], play: PlayStats, seconds: float) 
     }
 
 
+def action_entropy(actions: Sequence[str]) -> float:
+    """Entropy in bits of the actions played, pooled over every turn (0 when there are none). For a
+    greedy policy, whose action is a function of its prompt, it is the information its actions carry
+    about what it was shown: 0 is a policy that plays one action whatever the state (the
+    input-agnostic collapse of RAGEN-2)."""
+    if not len(actions):
+        return 0.0
+    _, counts = np.unique(np.asarray(actions, dtype=str), return_counts=True)
+    shares = counts / counts.sum()
+    return float((shares * np.log2(1 / shares)).sum())
+
+
 ROLLOUT_METRICS = {
     "success_rate": "success_rate",
     "return": "mean_return",
     "length": "mean_length",
     "invalid_rate": "invalid_action_rate",
     "explored_rate": "explored_rate",
+    "action_entropy": "action_entropy",
     "overlong_rate": "overlong_rate",
     "failed_trajectories": "failed_trajectories",
     "dropped_groups": "dropped_groups",
