@@ -378,6 +378,20 @@ def test_exploration_plays_random_admissible_actions_written_as_the_policy_write
     np.testing.assert_array_equal(again.extras["explored"], explored)
 
 
+def test_explored_replies_are_not_shaped_as_overlong(policy):
+    """Replies at the token limit are shaped when the policy wrote them, not when exploration did."""
+    _, tokenizer = policy
+    limit = len(tokenizer("heads", add_special_tokens=False)["input_ids"]) + 1  # the policy's "heads" + EOS
+    config = one_round(
+        n_groups=2, group_size=4, max_turns=2, max_new_tokens=limit, overlong_penalty=1.0, explore_rate=0.5
+    )
+    env = RegisteredEnv("test_rollout/Coin-v0", {"steps": 2})
+    batch, _ = collect_rollouts(env, ScriptedEngine(tokenizer), tokenizer, config, np.random.default_rng(3))
+    explored, at_limit = batch.extras["explored"], batch.response_lengths >= limit
+    assert (explored & at_limit).any() and (~explored & at_limit).any()
+    np.testing.assert_array_equal(batch.extras["overlong_penalty"], np.where(~explored & at_limit, -1.0, 0.0))
+
+
 class UnlistedCoinEnv(CoinEnv):
     """CoinEnv whose infos list no admissible actions."""
 
