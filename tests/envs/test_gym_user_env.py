@@ -92,8 +92,10 @@ def test_plain_gymnasium_env_trains_evaluates_and_plays_through_the_cli(tmp_path
     assert results["env"] == LOCK_ID and [t["seed"] for t in results["greedy_transcripts"]] == [EVAL_SEED_BASE]
     (shown,) = results["greedy_transcripts"]
     assert isinstance(shown["won"], bool) and shown["actions"] and all(isinstance(a, str) for a in shown["actions"])
+    assert len(shown["valid"]) == len(shown["actions"])
+    played = [a if valid else f"{a} (invalid)" for a, valid in zip(shown["actions"], shown["valid"])]
     outcome = "won " if shown["won"] else "lost"
-    assert f"greedy seed {EVAL_SEED_BASE} {outcome}: {' | '.join(shown['actions'])}" in capsys.readouterr().out
+    assert f"greedy seed {EVAL_SEED_BASE} {outcome}: {' | '.join(played)}" in capsys.readouterr().out
     monkeypatch.setattr("sys.stdin", io.StringIO("999\n:quit\n"))
     assert main(["play", LOCK_ID, "--seed", "3"]) == 0
     assert "digit(s) in place" in capsys.readouterr().out

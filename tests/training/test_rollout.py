@@ -428,9 +428,12 @@ def test_evaluate_reports_success_and_uses_greedy_decoding(policy):
     assert result["success_rate"] == 0.5  # mixed mode: positions 0/1 say heads/tails
     assert result["action_entropy"] == 1.0
     assert result["transcripts"] == [
-        {"seed": 1, "won": True, "actions": ["heads"]},
-        {"seed": 3, "won": False, "actions": ["tails"]},
+        {"seed": 1, "won": True, "actions": ["heads"], "valid": [True]},
+        {"seed": 3, "won": False, "actions": ["tails"], "valid": [True]},
     ]
+    garbage = ScriptedEngine(tokenizer, token_ids=tokenizer("blah", add_special_tokens=False)["input_ids"])
+    result = evaluate(RegisteredEnv("test_rollout/Coin-v0", {}), garbage, tokenizer, [1], transcripts=1)
+    assert result["transcripts"] == [{"seed": 1, "won": False, "actions": ["blah"], "valid": [False]}]
     with pytest.raises(ValueError, match="seed"):
         evaluate(RegisteredEnv("test_rollout/Coin-v0", {}), engine, tokenizer, [])
 

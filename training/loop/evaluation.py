@@ -69,11 +69,13 @@ def evaluate(
 
 
 def transcript(episode: Episode) -> dict[str, Any]:
-    """An episode's seed, outcome and actions (``None`` for an episode whose environment failed)."""
+    """An episode's seed, outcome, actions and whether each was valid (``None`` for an episode whose
+    environment failed)."""
     return {
         "seed": episode.seed,
         "won": bool(episode.rows and episode.rows[-1]["won"]),
         "actions": None if episode.failure else [row["action"] for row in episode.rows],
+        "valid": None if episode.failure else [row["action_valid"] for row in episode.rows],
     }
 
 
@@ -217,7 +219,9 @@ def evaluate_policy(
         if key.endswith("_transcripts"):
             for shown in value:
                 outcome = "won " if shown["won"] else "lost"
-                actions = "environment failed" if shown["actions"] is None else " | ".join(shown["actions"])
+                played = zip(shown["actions"] or (), shown["valid"] or ())
+                actions = " | ".join(a if valid else f"{a} (invalid)" for a, valid in played)
+                actions = "environment failed" if shown["actions"] is None else actions
                 mode = key.removesuffix("_transcripts")
                 console.print(f"{mode:>8} seed {shown['seed']} {outcome}: {actions}", markup=False, soft_wrap=True)
         else:
