@@ -262,16 +262,9 @@ def _record(episode: Episode, move: Move, result: EnvResult, config: RolloutConf
         result.truncated,
         result.info,
     )
-    # An explored reply was written by the rollout, not generated: no length of the policy's to shape.
-    shaping = (
-        0.0
-        if move.explored
-        else float(
-            overlong_shaping(
-                len(move.response_ids), config.max_new_tokens, config.overlong_penalty, config.overlong_buffer
-            )
-        )
-    )
+    # An explored reply was written by the rollout, not generated: the policy's length is not in it.
+    length = 0 if move.explored else len(move.response_ids)
+    shaping = float(overlong_shaping(length, config.max_new_tokens, config.overlong_penalty, config.overlong_buffer))
     done = bool(terminated or truncated or last_turn)
     episode.rows.append(
         {
