@@ -219,9 +219,11 @@ def evaluate_policy(
         if key.endswith("_transcripts"):
             for shown in value:
                 outcome = "won " if shown["won"] else "lost"
-                played = zip(shown["actions"] or (), shown["valid"] or ())
-                actions = " | ".join(a if valid else f"{a} (invalid)" for a, valid in played)
-                actions = "environment failed" if shown["actions"] is None else actions
+                if shown["actions"] is None:
+                    actions = "environment failed"
+                else:
+                    played = zip(shown["actions"], shown["valid"])
+                    actions = " | ".join(a if valid else f"{a} (invalid)" for a, valid in played)
                 mode = key.removesuffix("_transcripts")
                 console.print(f"{mode:>8} seed {shown['seed']} {outcome}: {actions}", markup=False, soft_wrap=True)
         else:

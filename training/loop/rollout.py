@@ -348,9 +348,9 @@ def collect_rollouts(
         seeds = draw_seeds(rng, missing if missing > 0 else config.n_groups, used)
         round_seeds = np.repeat(seeds, config.group_size)
         round_groups = np.repeat(np.arange(len(seeds)), config.group_size)
-        # Exploration draws its own numbers, from the round's seeds: the seed stream stays the same.
-        explorer = ExploringActor(actor, config.explore_rate, np.random.default_rng(seeds))
-        round_actor = explorer if config.explore_rate else actor
+        round_actor = actor
+        if config.explore_rate:  # its own numbers, from the round's seeds: the seed stream stays the same
+            round_actor = ExploringActor(actor, config.explore_rate, np.random.default_rng(seeds))
         with env_pool(envs, len(round_seeds)) as pool:
             episodes = play_episodes(pool, round_actor, round_seeds, round_groups, config, play, progress)
         played += episodes
