@@ -10,6 +10,7 @@ from agent_rl.core.presets import (
     ALGORITHM_PRESETS,
     EPISODE_MODES,
     EPISODE_STATS,
+    INVALID_CREDIT,
     KL_ESTIMATORS,
     STEP_CREDIT,
     STEP_NORMALIZE,
@@ -217,6 +218,13 @@ class AlgorithmConfig:
     environments' ``invalid_action_penalty`` reward, it never changes a trajectory's return, and it
     reaches an invalid command that every member of a group repeats, which group-relative credit
     gives 0."""
+    invalid_credit: Literal[INVALID_CREDIT] = "outcome"
+    """What a step whose action was invalid (the environment rejected it and nothing changed) is
+    credited with: ``outcome``, the episode and step credit of any step, less ``invalid_penalty``;
+    ``penalty``, ``-invalid_penalty`` alone. A step that changed nothing did not bring about its
+    trajectory's outcome: with ``outcome`` the invalid steps of a won trajectory get a positive
+    advantage once the win outweighs the penalty, and the passes of
+    ``optim.extra_passes_on=positive`` push them up again on every pass."""
     novelty_bonus: float = 0.0
     """Added to the advantage of each step whose action reached an anchor state (``env.anchor_key``)
     its trajectory had not been in, on that step alone (as ``invalid_penalty`` is charged), in the

@@ -400,7 +400,8 @@ class Credit:
 
     advantages: np.ndarray
     """The advantage the learner uses: ``episode + step_weight * step - invalid_penalty * invalid +
-    novelty``, times ``negative_weight`` where that is negative, times the row's trajectory weight with
+    novelty`` (without its first two terms on an invalid row with ``algo.invalid_credit="penalty"``),
+    times ``negative_weight`` where that is negative, times the row's trajectory weight with
     ``algo.row_weight="trajectory"``."""
     episode: np.ndarray
     """Trajectory-level part (Eq. 3): the trajectory's total reward against its group; 0 with
@@ -501,6 +502,7 @@ class CreditSettings(Protocol):
     step_weight: float
     gamma: float
     invalid_penalty: float
+    invalid_credit: str
     novelty_bonus: float
     negative_weight: float
     row_weight: str
@@ -526,8 +528,10 @@ def compute_advantages(batch: StepBatch, algo: CreditSettings) -> Credit:
 
     ``algo.invalid_penalty`` is then charged to each row whose action was invalid, on that row
     alone: it is not discounted into earlier steps and enters no group statistic, so no std can
-    scale it up. ``algo.novelty_bonus`` is added the same way to each row whose action reached a
-    state new to its trajectory, in the groups the task left silent (:func:`novelty_bonuses`).
+    scale it up. With ``algo.invalid_credit="penalty"`` such a row gets the penalty alone, not its
+    trajectory's episode and step credit. ``algo.novelty_bonus`` is added the same way to each row
+    whose action reached a state new to its trajectory, in the groups the task left silent
+    (:func:`novelty_bonuses`).
     Negative advantages are then multiplied by ``algo.negative_weight``, and with
     ``algo.row_weight="trajectory"`` every row's advantage is scaled by
     :func:`trajectory_weights`, so each trajectory weighs the same in the loss whatever its length.
@@ -571,7 +575,10 @@ def compute_advantages(batch: StepBatch, algo: CreditSettings) -> Credit:
     elif algo.step_credit == "graph":
         graph = graph_progress(batch.group_id, batch.traj_id, batch.anchor_key, batch.won, batch.done, batch.truncated)
         step = graph_advantages(graph, normalize=algo.step_normalize, eps=algo.eps)
-    advantages = episode + algo.step_weight * step - algo.invalid_penalty * ~batch.action_valid
+    outcome = episode + algo.step_weight * step
+    if algo.invalid_credit == "penalty":
+        outcome = np.where(batch.action_valid, outcome, 0.0)
+    advantages = outcome - algo.invalid_penalty * ~batch.action_valid
     if novelty is not None:
         advantages = advantages + novelty
     advantages = np.where(advantages < 0, algo.negative_weight * advantages, advantages)

@@ -77,6 +77,8 @@ EPISODE_MODES = ("grpo", "drgrpo", "rloo")
 """Episode-level advantage estimators (``agent_rl.core.advantages.episode_advantages``)."""
 EPISODE_STATS = ("trajectory", "step")
 """What the episode-level statistics are taken over: one return per trajectory or per step."""
+INVALID_CREDIT = ("outcome", "penalty")
+"""What an invalid step is credited with: its trajectory's credit less the penalty, or the penalty alone."""
 STEP_NORMALIZE = ("mean", "mean_std")
 """How step-level advantages are normalized within their group."""
 STEP_CREDIT = ("none", "anchor", "graph")

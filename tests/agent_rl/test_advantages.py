@@ -297,6 +297,21 @@ def test_invalid_penalty_is_charged_to_the_invalid_step_alone():
     np.testing.assert_allclose(as_reward.episode, [0.05, 0.05, -0.05, -0.05, -0.05], atol=1e-12)
 
 
+def test_invalid_credit_penalty_leaves_the_outcome_out_of_invalid_steps():
+    # Trajectory 0 wins (return 1) with an invalid second step; trajectory 1 loses (0) with an
+    # invalid second step. Dr.GRPO episode credit: +0.5 and -0.5 on every row.
+    batch = step_batch([0] * 5, [0, 0, 0, 1, 1], [0, 0, 1, 0, 0], ["s0", "s1", "s1", "s0", "s0"], valid=[1, 0, 1, 1, 0])
+    algo = ["algo=drgrpo", "algo.invalid_penalty=0.5", "algo.row_weight=turn", "algo.negative_weight=1"]
+    outcome = compute_advantages(batch, resolved_algo(algo))
+    penalty = compute_advantages(batch, resolved_algo([*algo, "algo.invalid_credit=penalty"]))
+    np.testing.assert_allclose(outcome.advantages, [0.5, 0.0, 0.5, -0.5, -1.0], atol=1e-12)
+    np.testing.assert_allclose(penalty.advantages, [0.5, -0.5, 0.5, -0.5, -0.5], atol=1e-12)
+    np.testing.assert_array_equal(penalty.episode, outcome.episode)  # the returns' comparison is the same
+    # Without a penalty an invalid step leaves the update: advantage 0.
+    free = compute_advantages(batch, resolved_algo([*algo, "algo.invalid_credit=penalty", "algo.invalid_penalty=0"]))
+    np.testing.assert_allclose(free.advantages, [0.5, 0.0, 0.5, -0.5, 0.0], atol=1e-12)
+
+
 def test_step_credit_needs_anchor_keys():
     batch = step_batch([0, 0], [0, 1], [1.0, 0.0], ["a", "a"])
     batch.anchor_key = None
@@ -450,6 +465,20 @@ def test_singleton_anchor_groups_get_zero(batch):
     singleton = np.isin(pair, counts[0][counts[1] == 1])
     np.testing.assert_array_equal(adv[singleton], 0.0)
     assert np.all(np.isfinite(adv))
+
+
+@settings(max_examples=100, deadline=None)
+@given(batches(), st.lists(st.booleans(), min_size=60, max_size=60))
+def test_invalid_credit_penalty_never_pushes_an_invalid_step_up(batch, valid_draw):
+    returns, groups, trajs, _, keys = batch
+    reward = np.where(np.r_[trajs[1:] != trajs[:-1], True], returns, 0.0)  # each return on its last row
+    valid = np.asarray(valid_draw[: len(trajs)])
+    rows = step_batch(groups, trajs, reward, keys.astype(str), valid=valid)
+    algo = ["algo=gigpo", "algo.invalid_penalty=0.3"]
+    outcome = compute_advantages(rows, resolved_algo(algo)).advantages
+    penalty = compute_advantages(rows, resolved_algo([*algo, "algo.invalid_credit=penalty"])).advantages
+    assert np.all(penalty[~valid] < 0)
+    np.testing.assert_array_equal(penalty[valid], outcome[valid])
 
 
 @settings(max_examples=100, deadline=None)
