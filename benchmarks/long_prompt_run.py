@@ -1,7 +1,8 @@
 """What a long-prompt game costs to train: the random warm start and the RL iterations of TextArena
 FrozenLake (its rules text and its board in every prompt) on the embedded model with the library
 defaults, once with the bundled tokenizer and once with one that also covers the game
-(``policy.tokenizer_envs``).
+(``policy.tokenizer_envs``); ``covering-bf16`` is the covering arm with bf16 forward passes
+(``policy.precision=bf16``: the warm start, the learner and the hf engine).
 
 Each arm is one ``agent-rl train`` run with the ``frozenlake`` lift case's settings (a random-action
 warm start, no history turn, 4 groups of 8), ``--iterations`` RL iterations and a 32-episode greedy
@@ -13,6 +14,7 @@ worktree on ``PYTHONPATH`` runs an older commit's library, ``--arms bundled`` wh
 
     python -m agent_rl.benchmarks.long_prompt_run                 # -> benchmarks/results/long_prompt_run.json
     python -m agent_rl.benchmarks.long_prompt_run --threads 2 --name long_prompt_run_2threads
+    python -m agent_rl.benchmarks.long_prompt_run --threads 2 --arms covering,covering-bf16 --name long_prompt_run_bf16
 """
 
 from __future__ import annotations
@@ -39,15 +41,21 @@ FROZENLAKE_CASE = ("sft.mode=random", "rollout.history_turns=0", "rollout.n_grou
 """The ``frozenlake`` lift case's settings besides its env id and tokenizer (``agent_rl.benchmarks.lift``)."""
 
 
+ARMS = ("bundled", "covering", "covering-bf16")
+"""The runs the benchmark can make: the default embedded model, its tokenizer also trained on the
+game, and the latter with bf16 forward passes."""
+
+
 def arm_overrides(arm: str, env_id: str) -> tuple[str, ...]:
-    """``bundled``: the default embedded model; ``covering``: its tokenizer also trained on ``env_id``."""
-    return () if arm == "bundled" else (f"policy.tokenizer_envs=[{env_id}]",)
+    """The overrides of ``arm`` (one of ``ARMS``) on top of the case's settings."""
+    covering = () if arm == "bundled" else (f"policy.tokenizer_envs=[{env_id}]",)
+    return (*covering, "policy.precision=bf16") if arm == "covering-bf16" else covering
 
 
 def first_prompt_tokens(env_id: str, arm: str) -> int:
     """Tokens of the first turn's prompt of seed 0 with the arm's tokenizer."""
     env_ids = None
-    if arm == "covering":
+    if arm != "bundled":
         # Imported here: an older commit's library (--arms bundled) has no policy.tokenizer_envs.
         from agent_rl.training.models.embedded import tokenizer_env_ids
 
@@ -94,16 +102,16 @@ def library_commit() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env", default="textarena/FrozenLake-v0", help="a registered text environment")
-    parser.add_argument("--arms", default="bundled,covering", help="bundled and/or covering (comma-separated)")
+    parser.add_argument("--arms", default="bundled,covering", help=f"comma-separated, of {', '.join(ARMS)}")
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--name", default="long_prompt_run", help="result file name under benchmarks/results")
     args = parser.parse_args(argv)
     arms = [arm.strip() for arm in args.arms.split(",")]
-    unknown = sorted(set(arms) - {"bundled", "covering"})
+    unknown = sorted(set(arms) - set(ARMS))
     if unknown:
-        parser.error(f"unknown arm(s) {', '.join(unknown)}: use bundled and/or covering")
+        parser.error(f"unknown arm(s) {', '.join(unknown)}: use {', '.join(ARMS)}")
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="long_prompt_run-") as work:
         for arm in arms:

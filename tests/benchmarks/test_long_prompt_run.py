@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from agent_rl.benchmarks.long_prompt_run import arm_overrides, run_costs
+import pytest
+
+from agent_rl.benchmarks.long_prompt_run import arm_overrides, main, run_costs
 
 
 def test_run_costs_leave_evaluations_out_of_the_warm_start_and_the_iterations():
@@ -23,3 +25,13 @@ def test_run_costs_leave_evaluations_out_of_the_warm_start_and_the_iterations():
 def test_the_covering_arm_trains_the_tokenizer_on_the_game():
     assert arm_overrides("bundled", "textarena/FrozenLake-v0") == ()
     assert arm_overrides("covering", "textarena/FrozenLake-v0") == ("policy.tokenizer_envs=[textarena/FrozenLake-v0]",)
+    assert arm_overrides("covering-bf16", "textarena/FrozenLake-v0") == (
+        "policy.tokenizer_envs=[textarena/FrozenLake-v0]",
+        "policy.precision=bf16",
+    )
+
+
+def test_an_unknown_arm_is_refused_with_the_known_ones(capsys):
+    with pytest.raises(SystemExit):
+        main(["--arms", "covering,fp8"])
+    assert "unknown arm(s) fp8: use bundled, covering, covering-bf16" in capsys.readouterr().err
