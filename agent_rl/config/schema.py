@@ -151,6 +151,19 @@ class RolloutConfig:
     old logprobs scored by the learner's model before the update. From a start that never wins, it
     lets some trajectories reach the reward that the policy alone never finds; evaluation never
     explores. 0 (default) plays the policy alone."""
+    target_pass_rate: float | None = None
+    """Reverse curriculum, for environments that give oracle plans (``agent_rl.envs.oracle_actions``).
+    None (default) starts every training episode at its reset state. A rate in (0, 1) starts each
+    group part-way along the oracle's plan for its seed: a share of the plan's first actions
+    (``replay_start`` at first) is played for it, shown in the prompt's history and never learned,
+    at least one move left to the policy; after each iteration the share moves by ``replay_step``
+    toward this training pass rate: up while training success is below it, down while above. A policy that seldom wins
+    then learns the end of each task first and more of it as it improves. Evaluation always starts
+    at the reset state."""
+    replay_start: float = 0.5
+    """The share of each oracle plan replayed in the first iteration (with ``target_pass_rate``)."""
+    replay_step: float = 0.1
+    """How far the replayed share moves after each iteration (with ``target_pass_rate``)."""
     parser: Literal[ACTION_PARSERS] = "first_line"
     """How actions are read from completions: ``first_line`` (the embedded model), ``action_tag`` (the
     content of an ``<action>`` tag) or ``admissible`` (the first admissible action the reply names, for

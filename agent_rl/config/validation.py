@@ -37,6 +37,13 @@ def check_rollout(rollout: RolloutConfig) -> None:
     _require(rollout.temperature > 0, "rollout.temperature", f"must be > 0, got {rollout.temperature}")
     _require(0 < rollout.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {rollout.top_p}")
     _require(0 <= rollout.explore_rate < 1, "rollout.explore_rate", f"must be in [0, 1), got {rollout.explore_rate}")
+    _require(
+        rollout.target_pass_rate is None or 0 < rollout.target_pass_rate < 1,
+        "rollout.target_pass_rate",
+        f"must be in (0, 1), or null for no curriculum, got {rollout.target_pass_rate}",
+    )
+    _require(0 <= rollout.replay_start < 1, "rollout.replay_start", f"must be in [0, 1), got {rollout.replay_start}")
+    _require(0 < rollout.replay_step <= 1, "rollout.replay_step", f"must be in (0, 1], got {rollout.replay_step}")
 
 
 def validate(config: Config) -> None:

@@ -28,6 +28,10 @@ Decisions worth knowing:
   rounds ran; the batch may then hold fewer groups (possibly none).
 - ``min_batch_rows``: while the kept groups hold fewer rows than that, another round of ``n_groups``
   groups is played (within the same ``max_resample_rounds``), so short episodes still fill a batch.
+- Reverse curriculum (``target_pass_rate``): with a ``replay_share`` above 0, each group starts
+  part-way along the oracle's plan for its seed (:func:`replay_depths` of its actions are played for
+  every member, shown in the history, never rows); the trainer moves the share toward the target
+  pass rate after each iteration (:func:`next_replay_share`).
 - Statistics describe every trajectory played in the call, dropped groups included (they measure the
   policy, not the batch).
 """
@@ -67,6 +71,8 @@ class Episode:
     history: list[Turn] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
     finished: bool = False
+    replayed: int = 0
+    """Oracle actions played before the policy's first turn (the reverse curriculum)."""
     failure: str | None = None
     """``"ExceptionType: message"`` when the environment raised; the trajectory is then discarded."""
 
@@ -188,6 +194,46 @@ def overlong_shaping(lengths: np.ndarray, max_new_tokens: int, penalty: float, b
     return -penalty * np.clip((lengths - (max_new_tokens - buffer)) / buffer, 0.0, 1.0)
 
 
+def replay_depths(plan_lengths: np.ndarray, share: float) -> np.ndarray:
+    """Actions of each oracle plan the reverse curriculum plays before the policy: ``floor(share *
+    length)``, leaving at least the plan's last action to the policy (0 for an empty plan)."""
+    lengths = np.asarray(plan_lengths, dtype=np.int64)
+    return np.minimum(np.floor(share * lengths).astype(np.int64), np.maximum(lengths - 1, 0))
+
+
+def next_replay_share(share: float, pass_rate: float, target: float, step: float) -> float:
+    """The replayed share for the next iteration: ``step`` more while the pass rate is below
+    ``target``, ``step`` less while above, within [0, 1]."""
+    return float(np.clip(share + step * np.sign(target - pass_rate), 0.0, 1.0))
+
+
+def replay_plans(pool: EnvPool, episodes: list[Episode], share: float) -> None:
+    """Play the first :func:`replay_depths` actions of each group's oracle plan in every member of the
+    group (its first member's plan: the members share their seed), as turns of the history that hold
+    no rows. A plan the environment cannot give replays nothing; a replay that ends or breaks an
+    episode fails it."""
+    leaders = {}
+    for episode in episodes:
+        if episode.failure is None:
+            leaders.setdefault(episode.group, episode)
+    plans = dict(zip(leaders, pool.oracle([e.slot for e in leaders.values()])))
+    plans = {group: plan or [] for group, plan in plans.items()}
+    depth = dict(zip(plans, replay_depths(np.array([len(p) for p in plans.values()]), share)))
+    for turn in range(max(depth.values(), default=0)):
+        moving = [e for e in episodes if e.failure is None and depth.get(e.group, 0) > turn]
+        actions = [plans[e.group][turn] for e in moving]
+        for episode, action, result in zip(moving, actions, pool.step([e.slot for e in moving], actions)):
+            failure = result.failure or contract_breach("step", turn, result)
+            if failure is None and (result.terminated or result.truncated):
+                failure = f"ReplayError: the oracle plan's action {turn + 1} ({action!r}) ended the episode"
+            if failure is not None:
+                _fail(episode, failure)
+                continue
+            episode.history.append(Turn(episode.observation, action))
+            episode.observation, episode.info = result.observation, result.info
+            episode.replayed += 1
+
+
 def play_episodes(
     pool: EnvPool,
     actor: Actor,
@@ -196,9 +242,11 @@ def play_episodes(
     config: RolloutConfig,
     stats: PlayStats,
     progress: Any = None,
+    replay_share: float = 0.0,
 ) -> list[Episode]:
     """Play one episode per seed, in pool slots ``0..len(seeds)-1``, to the end (or ``max_turns``):
-    each turn the actor moves in every active episode and the pool steps them all in one call."""
+    each turn the actor moves in every active episode and the pool steps them all in one call. With
+    ``replay_share`` above 0, each group first replays part of its oracle plan (:func:`replay_plans`)."""
     if len(seeds) > pool.n_envs:
         raise ValueError(f"{len(seeds)} episodes need more than the pool's {pool.n_envs} environments")
     episodes = [Episode(slot, int(seed), int(group)) for slot, (seed, group) in enumerate(zip(seeds, groups))]
@@ -209,6 +257,8 @@ def play_episodes(
         else:
             episode.observation, episode.info = result.observation, result.info
             episode.task = str(result.info.get("task", ""))
+    if replay_share > 0:
+        replay_plans(pool, episodes, replay_share)
     task_id = progress.add_task(f"rollout {pool.env_id}", total=config.max_turns) if progress is not None else None
     for turn in range(config.max_turns):
         active = [e for e in episodes if not e.finished]
@@ -329,12 +379,14 @@ def collect_rollouts(
     rng: np.random.Generator,
     *,
     progress: Any = None,
+    replay_share: float = 0.0,
 ) -> tuple[StepBatch, dict[str, float]]:
     """Collect one batch of grouped trajectories; see the module docstring for the rules.
 
     ``envs`` is a pool of at least ``n_groups * group_size`` environments (``LocalEnvPool``,
     ``RayEnvPool``) or an environment factory, from which a local pool is built for the call.
-    ``progress`` is an optional ``rich.progress.Progress`` to show turns on."""
+    ``progress`` is an optional ``rich.progress.Progress`` to show turns on. ``replay_share`` is the
+    reverse curriculum's share of each oracle plan played before the policy (0: none)."""
     check_rollout(config)
     play = PlayStats()
     actor = PolicyActor(engine, tokenizer, PromptFormat.from_rollout(config), sampling_params(config), play)
@@ -352,7 +404,7 @@ def collect_rollouts(
         if config.explore_rate:  # its own numbers, from the round's seeds: the seed stream stays the same
             round_actor = ExploringActor(actor, config.explore_rate, np.random.default_rng(seeds))
         with env_pool(envs, len(round_seeds)) as pool:
-            episodes = play_episodes(pool, round_actor, round_seeds, round_groups, config, play, progress)
+            episodes = play_episodes(pool, round_actor, round_seeds, round_groups, config, play, progress, replay_share)
         played += episodes
         rounds += 1
         for group in range(len(seeds)):
@@ -403,6 +455,7 @@ def episode_stats(episodes: Sequence[Episode], play: PlayStats, seconds: float) 
         "mean_length": mean([len(e.rows) for e in done]),
         "invalid_action_rate": mean([not row["action_valid"] for row in rows]),
         "explored_rate": mean([row["explored"] for row in rows]),
+        "replayed_turns": mean([e.replayed for e in done]),
         "action_entropy": action_entropy([row["action"] for row in rows]),
         "overlong_rate": mean([row["overlong"] for row in rows]),
         "tokens_generated": float(play.tokens),
@@ -430,6 +483,7 @@ ROLLOUT_METRICS = {
     "length": "mean_length",
     "invalid_rate": "invalid_action_rate",
     "explored_rate": "explored_rate",
+    "replayed_turns": "replayed_turns",
     "action_entropy": "action_entropy",
     "overlong_rate": "overlong_rate",
     "failed_trajectories": "failed_trajectories",

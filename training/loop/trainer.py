@@ -23,7 +23,7 @@ import torch
 from rich.console import Console
 from rich.progress import Progress
 
-from agent_rl.config import Config, config_to_dict, save_config
+from agent_rl.config import Config, ConfigError, config_to_dict, save_config
 from agent_rl.training.infra import checkpoint
 from agent_rl.training.infra.distributed import (
     broadcast_flag,
@@ -38,7 +38,7 @@ from agent_rl.training.loop.credit import assign_credit
 from agent_rl.training.loop.evaluation import eval_due, evaluate_heldout, target_reached
 from agent_rl.training.loop.guards import FaultGuard
 from agent_rl.training.loop.learner import Learner, adamw
-from agent_rl.training.loop.rollout import collect_rollouts, rollout_metrics
+from agent_rl.training.loop.rollout import collect_rollouts, next_replay_share, rollout_metrics
 from agent_rl.training.loop.run_dir import open_run_dir
 from agent_rl.training.loop.sft import warm_start
 from agent_rl.training.models.policy import with_lora
@@ -119,6 +119,7 @@ class Trainer:
         cfg = self.config
         if resumed is not None:
             self.iteration, self.state = resumed
+        self.state.setdefault("replay_share", cfg.rollout.replay_start)  # runs saved before the curriculum
         self.started = resumed is not None
         self.guard = FaultGuard(cfg, self.console, lambda: checkpoint.how_to_go_on(self.run_dir))
         if self.dist.is_main:  # rank 0 generates, evaluates, logs and checkpoints
@@ -130,6 +131,11 @@ class Trainer:
             if hasattr(self.engine, "calls"):
                 self.engine.calls = int(self.state["engine_calls"])  # the per-call sampling seeds continue
             self.pool = pool_from_config(self.make_env, cfg)
+            if cfg.rollout.target_pass_rate is not None and not self.pool.has_oracle:
+                raise ConfigError(
+                    "config key 'rollout.target_pass_rate': the reverse curriculum replays oracle plans, and "
+                    f"{self.pool.env_id} gives none (set it to null)"
+                )
             self.logger = RunLogger(
                 self.run_dir,
                 tensorboard=cfg.logging.tensorboard,
@@ -178,11 +184,23 @@ class Trainer:
         metrics: dict[str, float] = {}
         batch = advantages = credit = None
         if self.dist.is_main:
+            target, share = cfg.rollout.target_pass_rate, self.state["replay_share"]
             with timed(metrics, "time/rollout"):
                 batch, stats = collect_rollouts(
-                    self.pool, self.engine, self.tokenizer, cfg.rollout, self.seed_stream, progress=progress
+                    self.pool,
+                    self.engine,
+                    self.tokenizer,
+                    cfg.rollout,
+                    self.seed_stream,
+                    progress=progress,
+                    replay_share=share if target is not None else 0.0,
                 )
             metrics.update(rollout_metrics(stats))
+            if target is not None:
+                metrics["rollout/replay_share"] = share
+                self.state["replay_share"] = next_replay_share(
+                    share, stats["success_rate"], target, cfg.rollout.replay_step
+                )
             self.guard.check_environments(self.iteration, stats)
             if len(batch):  # dynamic sampling may keep no group: nothing to learn from this round
                 with timed(metrics, "time/advantage"):
