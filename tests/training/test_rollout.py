@@ -16,7 +16,13 @@ from agent_rl.config import RolloutConfig
 from agent_rl.envs import register_text_env
 from agent_rl.training.loop.evaluation import evaluate
 from agent_rl.training.loop.logprobs import sequence_logprobs
-from agent_rl.training.loop.rollout import action_entropy, collect_rollouts, overlong_shaping
+from agent_rl.training.loop.rollout import (
+    action_entropy,
+    collect_rollouts,
+    next_replay_share,
+    overlong_shaping,
+    replay_depths,
+)
 from agent_rl.training.serving.engines import Completion, HFEngine, SamplingParams
 from agent_rl.training.serving.envpool import RegisteredEnv
 
@@ -410,6 +416,72 @@ def test_exploration_leaves_turns_without_admissible_actions_to_the_policy(polic
     assert sum(size for size, _ in engine.calls) == 24
 
 
+class PlannedCoinEnv(CoinEnv):
+    """CoinEnv with an oracle: "heads" for every turn left (``plan_extra`` more than that)."""
+
+    def __init__(self, steps: int = 1, plan_extra: int = 0):
+        super().__init__(steps)
+        self.plan_extra = plan_extra
+
+    def oracle(self):
+        return ["heads"] * (self.steps - self.t + self.plan_extra)
+
+
+def test_replay_depths_and_the_share_controller_by_hand():
+    assert replay_depths(np.array([0, 1, 2, 5, 10]), 0.5).tolist() == [0, 0, 1, 2, 5]
+    assert replay_depths(np.array([4, 4]), 0.99).tolist() == [3, 3]  # the last action is the policy's
+    assert replay_depths(np.array([7]), 0.0).tolist() == [0]
+    assert next_replay_share(0.5, 0.2, 0.5, 0.1) == pytest.approx(0.6)  # below the target: replay more
+    assert next_replay_share(0.5, 0.8, 0.5, 0.1) == pytest.approx(0.4)
+    assert next_replay_share(0.5, 0.5, 0.5, 0.1) == 0.5
+    assert next_replay_share(0.95, 0.0, 0.5, 0.1) == 1.0 and next_replay_share(0.05, 1.0, 0.5, 0.1) == 0.0
+
+
+@given(st.lists(st.integers(0, 50), min_size=1, max_size=20), st.floats(0, 1), st.floats(0, 1))
+def test_replay_depths_leave_the_policy_a_move_and_grow_with_the_share(lengths, low, high):
+    low, high = sorted((low, high))
+    lengths = np.array(lengths)
+    shallow, deep = replay_depths(lengths, low), replay_depths(lengths, high)
+    assert np.all(shallow >= 0) and np.all(shallow <= deep) and np.all(deep <= np.maximum(lengths - 1, 0))
+
+
+def test_the_reverse_curriculum_replays_the_oracle_plan_into_the_history_not_the_batch(policy):
+    _, tokenizer = policy
+    config = one_round(n_groups=2, group_size=2, max_turns=4, history_turns=3)
+    engine = ScriptedEngine(tokenizer)
+    batch, stats = collect_rollouts(
+        lambda: PlannedCoinEnv(steps=4), engine, tokenizer, config, np.random.default_rng(0), replay_share=0.5
+    )
+    # Plans of 4 actions: 2 replayed, 2 played by the policy; the trajectories still win.
+    assert len(batch) == 8 and batch.t.tolist() == [0, 1] * 4 and stats["replayed_turns"] == 2.0
+    assert stats["success_rate"] == 1.0 and sum(size for size, _ in engine.calls) == 8
+    first = np.flatnonzero(batch.t == 0)
+    assert all(batch.observation[i] == "turn 2: you said 'heads'" for i in first)
+    prompt = tokenizer.decode(batch.prompt_ids[first[0]])
+    assert prompt.count("heads") >= 2  # the replayed turns are in the history the policy sees
+    plain, plain_stats = collect_rollouts(
+        lambda: PlannedCoinEnv(steps=4), ScriptedEngine(tokenizer), tokenizer, config, np.random.default_rng(0)
+    )
+    assert len(plain) == 16 and plain_stats["replayed_turns"] == 0.0
+
+
+def test_a_replay_that_ends_the_episode_fails_that_trajectory(policy):
+    _, tokenizer = policy
+    config = one_round(n_groups=1, group_size=2, max_turns=4)
+    batch, stats = collect_rollouts(
+        lambda: PlannedCoinEnv(steps=2, plan_extra=4),  # a plan of 6 actions for an episode of 2
+        ScriptedEngine(tokenizer),
+        tokenizer,
+        config,
+        np.random.default_rng(0),
+        replay_share=0.9,
+    )
+    assert len(batch) == 0 and stats["failed_trajectories"] == 2
+    assert all(
+        f.startswith("ReplayError: the oracle plan's action 2 ('heads') ended the episode") for f in stats["failures"]
+    )
+
+
 def test_evaluate_reports_success_and_uses_greedy_decoding(policy):
     _, tokenizer = policy
     engine = ScriptedEngine(tokenizer)
@@ -449,6 +521,13 @@ def test_rollout_config_is_validated(policy):
         ({"explore_rate": -0.1}, "rollout.explore_rate"),
         ({"explore_rate": 1.0}, "rollout.explore_rate"),
         ({"explore_rate": float("nan")}, "rollout.explore_rate"),
+        ({"target_pass_rate": 0.0}, "rollout.target_pass_rate"),
+        ({"target_pass_rate": 1.0}, "rollout.target_pass_rate"),
+        ({"target_pass_rate": float("nan")}, "rollout.target_pass_rate"),
+        ({"replay_start": 1.0}, "rollout.replay_start"),
+        ({"replay_start": -0.1}, "rollout.replay_start"),
+        ({"replay_step": 0.0}, "rollout.replay_step"),
+        ({"replay_step": 1.5}, "rollout.replay_step"),
     ):
         with pytest.raises(ConfigError, match=f"config key '{key}'"):
             check_rollout(RolloutConfig(**bad))

@@ -25,6 +25,7 @@ from agent_rl.config import ConfigError, load_config
 from agent_rl.training.infra import checkpoint
 from agent_rl.training.infra.logger import read_metrics
 from agent_rl.training.loop.guards import NONFINITE_STOP, FaultGuard, NonFiniteUpdates
+from agent_rl.training.loop.rollout import next_replay_share
 from agent_rl.training.loop.trainer import Trainer, train
 
 TESTS = Path(__file__).resolve().parents[1]  # tests/, which holds user_env_example.py
@@ -493,6 +494,27 @@ def test_an_iteration_whose_groups_the_variance_filter_all_drops_takes_no_step_a
         "iteration 1: the variance filter (algo.keep_groups, algo.drop_flat_groups) dropped every group: "
         "each group's returns were all equal; no optimizer step"
     ) in console.file.getvalue()
+
+
+def test_the_reverse_curriculum_needs_oracle_plans(tmp_path):
+    overrides = [o for o in tiny_overrides(tmp_path, "rollout.target_pass_rate=0.5") if not o.startswith("env.kwargs")]
+    with pytest.raises(ConfigError, match="config key 'rollout.target_pass_rate'.*NeverPays.*gives none"):
+        Trainer.from_config(load_config(overrides=["env.id=trainer_test/NeverPays-v0", *overrides]))
+
+
+@pytest.mark.slow
+def test_the_reverse_curriculum_moves_its_share_toward_the_target_and_checkpoints_it(tmp_path):
+    """Each iteration logs the share it replayed; the next one replays a step more or less, as that
+    iteration's training success was below or above the target; the share goes on from the checkpoint."""
+    run_dir = tmp_path / "run"
+    curriculum = ("rollout.target_pass_rate=0.5", "rollout.replay_start=0.5", "rollout.replay_step=0.25")
+    train(load_config(overrides=tiny_overrides(run_dir, *curriculum)))
+    first, second = read_metrics(run_dir)[1:]
+    assert first["rollout/replay_share"] == 0.5 and first["rollout/replayed_turns"] > 0
+    expected = 0.5 + 0.25 * np.sign(0.5 - first["rollout/success_rate"])
+    assert second["rollout/replay_share"] == expected
+    state = checkpoint.find_checkpoint(run_dir, "last").state
+    assert state["trainer"]["replay_share"] == next_replay_share(expected, second["rollout/success_rate"], 0.5, 0.25)
 
 
 def test_unknown_environment_is_a_clear_error(tmp_path):
