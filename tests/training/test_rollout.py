@@ -435,6 +435,10 @@ def test_replay_depths_and_the_share_controller_by_hand():
     assert next_replay_share(0.5, 0.8, 0.5, 0.1) == pytest.approx(0.4)
     assert next_replay_share(0.5, 0.5, 0.5, 0.1) == 0.5
     assert next_replay_share(0.95, 0.0, 0.5, 0.1) == 1.0 and next_replay_share(0.05, 1.0, 0.5, 0.1) == 0.0
+    share = 0.5
+    for _ in range(3):
+        share = next_replay_share(share, 0.0, 0.5, 0.1)
+    assert share == 0.8 and replay_depths(np.array([5]), share).tolist() == [4]  # no float drift below 0.8
 
 
 @given(st.lists(st.integers(0, 50), min_size=1, max_size=20), st.floats(0, 1), st.floats(0, 1))

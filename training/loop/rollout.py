@@ -203,8 +203,9 @@ def replay_depths(plan_lengths: np.ndarray, share: float) -> np.ndarray:
 
 def next_replay_share(share: float, pass_rate: float, target: float, step: float) -> float:
     """The replayed share for the next iteration: ``step`` more while the pass rate is below
-    ``target``, ``step`` less while above, within [0, 1]."""
-    return float(np.clip(share + step * np.sign(target - pass_rate), 0.0, 1.0))
+    ``target``, ``step`` less while above, within [0, 1]. Rounded, so that steps of 0.1 land on
+    tenths and :func:`replay_depths` floors ``0.8 * 5`` to 4, not 3."""
+    return round(float(np.clip(share + step * np.sign(target - pass_rate), 0.0, 1.0)), 12)
 
 
 def replay_plans(pool: EnvPool, episodes: list[Episode], share: float) -> None:
