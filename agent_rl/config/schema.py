@@ -161,7 +161,8 @@ class RolloutConfig:
     then learns the end of each task first and more of it as it improves. Evaluation always starts
     at the reset state."""
     replay_start: float = 0.5
-    """The share of each oracle plan replayed in the first iteration (with ``target_pass_rate``)."""
+    """The share of each oracle plan replayed in the first iteration (with ``target_pass_rate``); 1
+    leaves the policy only each plan's last action."""
     replay_step: float = 0.1
     """How far the replayed share moves after each iteration (with ``target_pass_rate``)."""
     parser: Literal[ACTION_PARSERS] = "first_line"

@@ -42,7 +42,7 @@ def check_rollout(rollout: RolloutConfig) -> None:
         "rollout.target_pass_rate",
         f"must be in (0, 1), or null for no curriculum, got {rollout.target_pass_rate}",
     )
-    _require(0 <= rollout.replay_start < 1, "rollout.replay_start", f"must be in [0, 1), got {rollout.replay_start}")
+    _require(0 <= rollout.replay_start <= 1, "rollout.replay_start", f"must be in [0, 1], got {rollout.replay_start}")
     _require(0 < rollout.replay_step <= 1, "rollout.replay_step", f"must be in (0, 1], got {rollout.replay_step}")
 
 

@@ -528,7 +528,7 @@ def test_rollout_config_is_validated(policy):
         ({"target_pass_rate": 0.0}, "rollout.target_pass_rate"),
         ({"target_pass_rate": 1.0}, "rollout.target_pass_rate"),
         ({"target_pass_rate": float("nan")}, "rollout.target_pass_rate"),
-        ({"replay_start": 1.0}, "rollout.replay_start"),
+        ({"replay_start": 1.5}, "rollout.replay_start"),
         ({"replay_start": -0.1}, "rollout.replay_start"),
         ({"replay_step": 0.0}, "rollout.replay_step"),
         ({"replay_step": 1.5}, "rollout.replay_step"),
