@@ -119,7 +119,8 @@ class Trainer:
         cfg = self.config
         if resumed is not None:
             self.iteration, self.state = resumed
-        self.state.setdefault("replay_share", cfg.rollout.replay_start)  # runs saved before the curriculum
+        if cfg.rollout.target_pass_rate is not None:
+            self.state.setdefault("replay_share", cfg.rollout.replay_start)
         self.started = resumed is not None
         self.guard = FaultGuard(cfg, self.console, lambda: checkpoint.how_to_go_on(self.run_dir))
         if self.dist.is_main:  # rank 0 generates, evaluates, logs and checkpoints
@@ -184,7 +185,7 @@ class Trainer:
         metrics: dict[str, float] = {}
         batch = advantages = credit = None
         if self.dist.is_main:
-            target, share = cfg.rollout.target_pass_rate, self.state["replay_share"]
+            target, share = cfg.rollout.target_pass_rate, self.state.get("replay_share", 0.0)  # 0: no curriculum
             with timed(metrics, "time/rollout"):
                 batch, stats = collect_rollouts(
                     self.pool,
@@ -193,7 +194,7 @@ class Trainer:
                     cfg.rollout,
                     self.seed_stream,
                     progress=progress,
-                    replay_share=share if target is not None else 0.0,
+                    replay_share=share,
                 )
             metrics.update(rollout_metrics(stats))
             if target is not None:
