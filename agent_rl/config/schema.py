@@ -157,9 +157,9 @@ class RolloutConfig:
     group part-way along the oracle's plan for its seed: a share of the plan's first actions
     (``replay_start`` at first) is played for it, shown in the prompt's history and never learned,
     at least one move left to the policy; after each iteration the share moves by ``replay_step``
-    toward this training pass rate: up while training success is below it, down while above. A policy that seldom wins
-    then learns the end of each task first and more of it as it improves. Evaluation always starts
-    at the reset state."""
+    toward this training pass rate: up while training success is below it, down while above. A
+    policy that seldom wins then learns the end of each task first and more of it as it improves.
+    Evaluation always starts at the reset state."""
     replay_start: float = 0.5
     """The share of each oracle plan replayed in the first iteration (with ``target_pass_rate``); 1
     leaves the policy only each plan's last action."""
