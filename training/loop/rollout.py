@@ -71,8 +71,6 @@ class Episode:
     history: list[Turn] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
     finished: bool = False
-    replayed: int = 0
-    """Oracle actions played before the policy's first turn (the reverse curriculum)."""
     failure: str | None = None
     """``"ExceptionType: message"`` when the environment raised; the trajectory is then discarded."""
 
@@ -83,6 +81,12 @@ class Episode:
     @property
     def admissible_actions(self) -> list[str] | None:
         return self.info.get("admissible_actions")
+
+    @property
+    def replayed(self) -> int:
+        """Oracle actions played before the policy's first turn (the reverse curriculum): the turns of
+        the history that hold no row."""
+        return len(self.history) - len(self.rows)
 
 
 @dataclass
@@ -232,7 +236,6 @@ def replay_plans(pool: EnvPool, episodes: list[Episode], share: float) -> None:
                 continue
             episode.history.append(Turn(episode.observation, action))
             episode.observation, episode.info = result.observation, result.info
-            episode.replayed += 1
 
 
 def play_episodes(
