@@ -130,7 +130,10 @@ class TextEnv(gym.Env[str, str]):
         raise NotImplementedError
 
     def oracle(self) -> list[str]:
-        """A shortest (or walkthrough) command sequence that wins from the current state."""
+        """A shortest (or walkthrough) command sequence that wins from the current state; an empty list
+        when no winning plan is left from it (a dead state). The warm start ends a
+        demonstration there, DAgger leaves such a turn unlabelled. An environment without oracle plans
+        raises ``NotImplementedError``."""
         raise NotImplementedError
 
     def is_won(self) -> bool:

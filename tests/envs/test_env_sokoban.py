@@ -131,8 +131,7 @@ def test_oracle_mid_episode_and_in_a_dead_state(hand_env):
     assert env.is_won()
     env = hand_env(rows)
     env.step("up")  # the box is now against the north wall, a row away from the target: dead
-    with pytest.raises(RuntimeError, match="no solution"):
-        env.oracle()
+    assert env.oracle() == []  # no plan left, which the warm start and DAgger read as the end of the plan
 
 
 def test_there_and_back_recurs_the_anchor(hand_env):

@@ -53,6 +53,15 @@ def test_oracle_wins(game):
         assert terminated and not truncated and info["won"] and reward == 1.0  # TextArena's own reward for a win
 
 
+def test_sokoban_oracle_is_empty_in_a_dead_state(monkeypatch):
+    from agent_rl.envs import sokoban
+
+    env = TextArenaEnv(game="Sokoban-v0")
+    env.reset(seed=0)
+    monkeypatch.setattr(sokoban, "solve", lambda *args: None)  # the solver finds no plan from this board
+    assert env.oracle() == []
+
+
 def test_hanoi_oracle_is_optimal_and_replans_after_a_detour():
     env = TextArenaEnv(game="TowerOfHanoi-v0-medium")  # 4 disks: 2**4 - 1 = 15 moves
     env.reset(seed=0)

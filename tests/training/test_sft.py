@@ -150,6 +150,21 @@ def _reference_demonstrations(
     return prompts, responses
 
 
+def test_a_perturbed_turn_into_a_dead_state_ends_the_demonstration(tokenizer):
+    """Sokoban: a random push can wedge the box where no plan wins; the oracle then has none ([]), and
+    the demonstration ends there with its cloned turns, instead of the warm start failing."""
+    sokoban = RegisteredEnv(
+        "agent_rl/Sokoban-v0", {"width": 6, "height": 6, "n_boxes": 1, "reverse_steps": 40, "max_steps": 14}
+    )
+    config = RolloutConfig(max_turns=14, history_turns=0)
+    demos = collect_demonstrations(
+        sokoban, tokenizer, config, mode="oracle", seeds=range(40), rng=np.random.default_rng(0), perturb=0.5
+    )
+    assert demos.episodes == 40 and not demos.failures
+    assert 0 < demos.successes < 40  # some perturbed episodes were left without a winning plan
+    assert len(demos) > 0
+
+
 @pytest.mark.parametrize(
     "mode, perturb, epsilon", [("oracle", 0.0, 0.0), ("oracle", 0.3, 0.0), ("oracle", 0.2, 0.5), ("random", 0.0, 0.0)]
 )

@@ -57,7 +57,8 @@ class Demonstrations:
     episodes: int
     """Episodes played to collect them."""
     successes: int
-    """Of those, how many were won (every one for ``oracle``)."""
+    """Of those, how many were won (in ``oracle`` mode, all but those a perturbed turn led into a dead
+    state, where the oracle has no plan left and the demonstration ends)."""
     admissible: list[list[str] | None] = field(default_factory=list)
     """The admissible actions each prompt listed (None where the environment lists none)."""
     failures: list[str] = field(default_factory=list)
