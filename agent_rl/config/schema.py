@@ -187,6 +187,15 @@ class RolloutConfig:
     """Reward subtracted from a response at the token limit (0 disables overlong shaping)."""
     overlong_buffer: int = 0
     """Tokens before the limit over which the penalty ramps up linearly (0: only at the limit)."""
+    progress_reward: float = 0.0
+    """Progress shaping, for environments that give oracle plans (``agent_rl.envs.oracle_actions``):
+    each training turn's reward gets this much per step its action brought the state closer to a win,
+    ``progress_reward x (d(s) - d(s'))``, where ``d`` is the length of the oracle's plan from a state,
+    0 once won, and ``rollout.max_turns`` where no plan is left (a dead state: no win within the
+    episode). A potential-based shaping (Ng et al., 1999): over a trajectory it adds
+    ``progress_reward x (d(start) - d(end))``, the same for every member of a group whose members all
+    win, so a win still outranks every loss, and a loss that ended nearer the goal outranks one that
+    did not. Evaluation and success are unshaped. 0 (default) turns it off."""
 
 
 RESPELLED: dict[str, dict[Any, Any]] = {"algo.step_credit": {True: "anchor", False: "none"}}

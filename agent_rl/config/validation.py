@@ -30,6 +30,11 @@ def check_rollout(rollout: RolloutConfig) -> None:
     )
     _require(rollout.overlong_penalty >= 0, "rollout.overlong_penalty", f"must be >= 0, got {rollout.overlong_penalty}")
     _require(
+        0 <= rollout.progress_reward < float("inf"),
+        "rollout.progress_reward",
+        f"must be a finite number >= 0, got {rollout.progress_reward}",
+    )
+    _require(
         rollout.parser in ACTION_PARSERS,
         "rollout.parser",
         f"must be one of {list(ACTION_PARSERS)}, got {rollout.parser!r}",

@@ -486,6 +486,74 @@ def test_a_replay_that_ends_the_episode_fails_that_trajectory(policy):
     )
 
 
+class LineEnv(gym.Env):
+    """Walk a line from 2 to the goal at 4: ``right``/``left`` move, anything else is invalid; 0 is a pit
+    (the episode ends, lost, and no plan is left). The oracle's plan: ``right`` to the goal."""
+
+    def __init__(self):
+        self.observation_space = spaces.Text(max_length=50)
+        self.action_space = spaces.Text(max_length=50)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.at = 2
+        return "at 2", {}
+
+    def step(self, action):
+        moves = {"right": 1, "left": -1}
+        self.at += moves.get(action, 0)
+        won, lost = self.at == 4, self.at == 0
+        return f"at {self.at}", float(won), won or lost, False, {"won": won, "action_valid": action in moves}
+
+    def oracle(self):
+        return ["right"] * (4 - self.at) if self.at > 0 else []
+
+
+class ScriptEngine:
+    """Answers every prompt of the n-th call with the n-th word of ``script``."""
+
+    def __init__(self, tokenizer, script: list[str]):
+        self.tokenizer, self.script, self.calls = tokenizer, script, 0
+
+    def generate(self, prompts_token_ids, n, sampling):
+        word = self.tokenizer(self.script[self.calls], add_special_tokens=False)["input_ids"]
+        ids = [*word, self.tokenizer.eos_token_id]
+        self.calls += 1
+        return [[Completion(ids, [-0.5] * len(ids), "stop") for _ in range(n)] for _ in prompts_token_ids]
+
+
+def _line_rollout(tokenizer, script: list[str], progress_reward: float):
+    config = one_round(n_groups=1, group_size=1, max_turns=6, progress_reward=progress_reward)
+    return collect_rollouts(LineEnv, ScriptEngine(tokenizer, script), tokenizer, config, np.random.default_rng(0))
+
+
+def test_progress_shaping_pays_each_step_toward_a_win_by_hand(policy):
+    _, tokenizer = policy
+    batch, stats = _line_rollout(tokenizer, ["right", "stay", "left", "right", "right"], 0.25)
+    # Distances 2 -> 1 -> 1 -> 2 -> 1 -> 0 (won): +0.25, 0, -0.25, +0.25, +0.25, and the win's 1.
+    np.testing.assert_allclose(batch.extras["progress_reward"], [0.25, 0.0, -0.25, 0.25, 0.25])
+    np.testing.assert_allclose(batch.reward, [0.25, 0.0, -0.25, 0.25, 1.25])
+    assert stats["progress_reward"] == pytest.approx(0.5) and stats["success_rate"] == 1.0
+    # Into the pit: 2 -> 3, then ended without a win, counted max_turns (6) away: -0.25, then -0.75.
+    batch, _ = _line_rollout(tokenizer, ["left", "left"], 0.25)
+    np.testing.assert_allclose(batch.reward, [-0.25, -0.75])
+    batch, stats = _line_rollout(tokenizer, ["right", "stay", "left", "right", "right"], 0.0)
+    np.testing.assert_allclose(batch.reward, [0, 0, 0, 0, 1])
+    assert stats["progress_reward"] == 0.0
+
+
+@given(st.lists(st.sampled_from(["right", "left", "stay"]), min_size=6, max_size=6), st.floats(0.01, 2.0))
+def test_progress_shaping_telescopes_to_the_distance_gained(policy, script, progress_reward):
+    """Over a trajectory the shaping sums to progress_reward x (d(start) - d(end)), whatever was played."""
+    _, tokenizer = policy
+    batch, _ = _line_rollout(tokenizer, script, progress_reward)
+    at = 2 + np.cumsum([{"right": 1, "left": -1}.get(a, 0) for a in script])
+    end = at[np.flatnonzero((at == 0) | (at == 4))[0]] if ((at == 0) | (at == 4)).any() else at[-1]
+    distance = {0: 6, 4: 0}.get(int(end), 4 - int(end))
+    assert batch.extras["progress_reward"].sum() == pytest.approx(progress_reward * (2 - distance))
+    assert batch.reward.sum() == pytest.approx(progress_reward * (2 - distance) + float(end == 4))
+
+
 def test_evaluate_reports_success_and_uses_greedy_decoding(policy):
     _, tokenizer = policy
     engine = ScriptedEngine(tokenizer)

@@ -496,9 +496,11 @@ def test_an_iteration_whose_groups_the_variance_filter_all_drops_takes_no_step_a
     ) in console.file.getvalue()
 
 
-def test_the_reverse_curriculum_needs_oracle_plans(tmp_path):
-    overrides = [o for o in tiny_overrides(tmp_path, "rollout.target_pass_rate=0.5") if not o.startswith("env.kwargs")]
-    with pytest.raises(ConfigError, match="config key 'rollout.target_pass_rate'.*NeverPays.*gives none"):
+@pytest.mark.parametrize("setting", ["rollout.target_pass_rate=0.5", "rollout.progress_reward=0.1"])
+def test_the_reverse_curriculum_and_progress_shaping_need_oracle_plans(tmp_path, setting):
+    overrides = [o for o in tiny_overrides(tmp_path, setting) if not o.startswith("env.kwargs")]
+    key = setting.split("=")[0]
+    with pytest.raises(ConfigError, match=f"config key '{key}': it needs oracle plans.*NeverPays.*gives none"):
         Trainer.from_config(load_config(overrides=["env.id=trainer_test/NeverPays-v0", *overrides]))
 
 

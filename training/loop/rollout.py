@@ -32,6 +32,9 @@ Decisions worth knowing:
   part-way along the oracle's plan for its seed (:func:`replay_depths` of its actions are played for
   every member, shown in the history, never rows); the trainer moves the share toward the target
   pass rate after each iteration (:func:`next_replay_share`).
+- Progress shaping (``progress_reward``): each turn's reward gets ``progress_reward x (d(s) - d(s'))``,
+  ``d`` the oracle's distance to a win (:func:`oracle_distances`); the added amount is kept in
+  ``batch.extras["progress_reward"]``.
 - Statistics describe every trajectory played in the call, dropped groups included (they measure the
   policy, not the batch).
 """
@@ -247,10 +250,12 @@ def play_episodes(
     stats: PlayStats,
     progress: Any = None,
     replay_share: float = 0.0,
+    progress_reward: float = 0.0,
 ) -> list[Episode]:
     """Play one episode per seed, in pool slots ``0..len(seeds)-1``, to the end (or ``max_turns``):
     each turn the actor moves in every active episode and the pool steps them all in one call. With
-    ``replay_share`` above 0, each group first replays part of its oracle plan (:func:`replay_plans`)."""
+    ``replay_share`` above 0, each group first replays part of its oracle plan (:func:`replay_plans`);
+    with ``progress_reward`` above 0, each turn's reward is shaped by the oracle's distance to a win."""
     if len(seeds) > pool.n_envs:
         raise ValueError(f"{len(seeds)} episodes need more than the pool's {pool.n_envs} environments")
     episodes = [Episode(slot, int(seed), int(group)) for slot, (seed, group) in enumerate(zip(seeds, groups))]
@@ -263,6 +268,10 @@ def play_episodes(
             episode.task = str(result.info.get("task", ""))
     if replay_share > 0:
         replay_plans(pool, episodes, replay_share)
+    distance: dict[int, float] = {}  # each slot's oracle distance to a win, for progress shaping
+    if progress_reward:
+        live = [e for e in episodes if e.failure is None]
+        distance = dict(zip([e.slot for e in live], oracle_distances(pool, live, [None] * len(live), config.max_turns)))
     task_id = progress.add_task(f"rollout {pool.env_id}", total=config.max_turns) if progress is not None else None
     for turn in range(config.max_turns):
         active = [e for e in episodes if not e.finished]
@@ -273,15 +282,44 @@ def play_episodes(
             episode.finished = move.action is None  # the actor ends it (an oracle with no plan left)
         stepping = [(e, m) for e, m in zip(active, moves) if m.action is not None]
         results = pool.step([e.slot for e, _ in stepping], [m.action for _, m in stepping]) if stepping else []
-        for (episode, move), result in zip(stepping, results):
+        bonus = np.zeros(len(results))
+        if progress_reward:
+            stepped = [i for i, result in enumerate(results) if result.failure is None]
+            slots = [stepping[i][0].slot for i in stepped]
+            before = np.array([distance[slot] for slot in slots])
+            after = oracle_distances(
+                pool, [stepping[i][0] for i in stepped], [results[i] for i in stepped], config.max_turns
+            )
+            bonus[stepped] = progress_reward * (before - after)
+            distance.update(zip(slots, after))
+        for (episode, move), result, progress_bonus in zip(stepping, results, bonus):
             stats.tokens += len(move.response_ids)
-            _record(episode, move, result, config, last_turn=turn == config.max_turns - 1)
+            _record(
+                episode, move, result, config, last_turn=turn == config.max_turns - 1, progress=float(progress_bonus)
+            )
         stats.turns += len(stepping)
         if task_id is not None:
             progress.update(task_id, advance=1)
     if task_id is not None:
         progress.remove_task(task_id)
     return episodes
+
+
+def won(result: EnvResult) -> bool:
+    """Whether a step's result is a win: ``info["won"]``, or without the key, ending with a positive reward."""
+    return bool(result.info.get("won", result.terminated and result.reward > 0))
+
+
+def oracle_distances(
+    pool: EnvPool, episodes: Sequence[Episode], results: Sequence[EnvResult | None], no_plan: float
+) -> np.ndarray:
+    """Each episode's distance to a win from its environment's current state, reached by its step's
+    result (None: its reset): 0 once won, ``no_plan`` where no plan is left (a dead state, or the
+    episode terminated without a win), else the length of the oracle's plan."""
+    lengths = np.array([len(plan or []) for plan in pool.oracle([e.slot for e in episodes])], dtype=np.float64)
+    wins = np.array([r is not None and won(r) for r in results], dtype=bool)
+    lost = np.array([r is not None and r.terminated for r in results], dtype=bool) & ~wins
+    return np.where(wins, 0.0, np.where((lengths > 0) & ~lost, lengths, no_plan))
 
 
 def _fail(episode: Episode, failure: str) -> None:
@@ -302,9 +340,11 @@ def contract_breach(call: str, turn: int, result: EnvResult) -> str | None:
     return f"ContractError: {call}() returned {what}, at turn {turn} (in {call}())"
 
 
-def _record(episode: Episode, move: Move, result: EnvResult, config: RolloutConfig, last_turn: bool) -> None:
+def _record(
+    episode: Episode, move: Move, result: EnvResult, config: RolloutConfig, last_turn: bool, progress: float = 0.0
+) -> None:
     """Append the turn's row: every column of ``agent_rl.core.batch.ROW_COLUMNS``, and what the rollout
-    keeps beside them."""
+    keeps beside them. ``progress`` is the turn's progress shaping, added to its reward."""
     failure = result.failure or contract_breach("step", len(episode.rows), result)
     if failure is not None:
         _fail(episode, failure)
@@ -323,12 +363,13 @@ def _record(episode: Episode, move: Move, result: EnvResult, config: RolloutConf
     episode.rows.append(
         {
             "t": len(episode.rows),
-            "reward": float(reward) + shaping,
+            "reward": float(reward) + shaping + progress,
             "overlong_penalty": shaping,
+            "progress_reward": progress,
             "done": done,
             "truncated": done and not terminated,
             "action_valid": bool(move.parsed and info.get("action_valid", True)),
-            "won": bool(info.get("won", terminated and reward > 0)),  # without the key: ended with a positive reward
+            "won": won(result),
             "overlong": move.finish_reason == "length",
             "learn": move.learn,
             "explored": move.explored,
@@ -358,6 +399,7 @@ def episodes_to_batch(episodes: Sequence[Episode], group_ids: Sequence[int], fir
         traj_id=np.repeat(np.arange(first_traj_id, first_traj_id + len(episodes)), lengths),
         extras={
             "overlong_penalty": np.asarray([row["overlong_penalty"] for row in rows], dtype=np.float64),
+            "progress_reward": np.asarray([row["progress_reward"] for row in rows], dtype=np.float64),
             "seed": np.repeat(np.asarray([e.seed for e in episodes], dtype=np.int64), lengths),
             "explored": np.asarray([row["explored"] for row in rows], dtype=bool),
         },
@@ -408,7 +450,17 @@ def collect_rollouts(
         if config.explore_rate:  # its own numbers, from the round's seeds: the seed stream stays the same
             round_actor = ExploringActor(actor, config.explore_rate, np.random.default_rng(seeds))
         with env_pool(envs, len(round_seeds)) as pool:
-            episodes = play_episodes(pool, round_actor, round_seeds, round_groups, config, play, progress, replay_share)
+            episodes = play_episodes(
+                pool,
+                round_actor,
+                round_seeds,
+                round_groups,
+                config,
+                play,
+                progress,
+                replay_share,
+                config.progress_reward,
+            )
         played += episodes
         rounds += 1
         for group in range(len(seeds)):
@@ -460,6 +512,7 @@ def episode_stats(episodes: Sequence[Episode], play: PlayStats, seconds: float) 
         "invalid_action_rate": mean([not row["action_valid"] for row in rows]),
         "explored_rate": mean([row["explored"] for row in rows]),
         "replayed_turns": mean([e.replayed for e in done]),
+        "progress_reward": mean([sum(row["progress_reward"] for row in e.rows) for e in done]),
         "action_entropy": action_entropy([row["action"] for row in rows]),
         "overlong_rate": mean([row["overlong"] for row in rows]),
         "tokens_generated": float(play.tokens),
@@ -488,6 +541,7 @@ ROLLOUT_METRICS = {
     "invalid_rate": "invalid_action_rate",
     "explored_rate": "explored_rate",
     "replayed_turns": "replayed_turns",
+    "progress_reward": "progress_reward",
     "action_entropy": "action_entropy",
     "overlong_rate": "overlong_rate",
     "failed_trajectories": "failed_trajectories",

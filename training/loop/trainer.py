@@ -132,11 +132,15 @@ class Trainer:
             if hasattr(self.engine, "calls"):
                 self.engine.calls = int(self.state["engine_calls"])  # the per-call sampling seeds continue
             self.pool = pool_from_config(self.make_env, cfg)
-            if cfg.rollout.target_pass_rate is not None and not self.pool.has_oracle:
-                raise ConfigError(
-                    "config key 'rollout.target_pass_rate': the reverse curriculum replays oracle plans, and "
-                    f"{self.pool.env_id} gives none (set it to null)"
-                )
+            for key, uses_oracle, off in (
+                ("rollout.target_pass_rate", cfg.rollout.target_pass_rate is not None, "null"),
+                ("rollout.progress_reward", cfg.rollout.progress_reward > 0, "0"),
+            ):
+                if uses_oracle and not self.pool.has_oracle:
+                    raise ConfigError(
+                        f"config key '{key}': it needs oracle plans, and {self.pool.env_id} gives none "
+                        f"(set it to {off})"
+                    )
             self.logger = RunLogger(
                 self.run_dir,
                 tensorboard=cfg.logging.tensorboard,
