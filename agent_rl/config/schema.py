@@ -191,8 +191,8 @@ class RolloutConfig:
     """Progress shaping, for environments that give oracle plans (``agent_rl.envs.oracle_actions``):
     each training turn's reward gets this much per step its action brought the state closer to a win,
     ``progress_reward x (d(s) - d(s'))``, where ``d`` is the length of the oracle's plan from a state,
-    0 once won, and ``rollout.max_turns`` where no plan is left (a dead state: no win within the
-    episode). A potential-based shaping (Ng et al., 1999): over a trajectory it adds
+    0 once won, and ``rollout.max_turns`` where no plan is left (a dead state, or an episode that
+    terminated without a win). A potential-based shaping (Ng et al., 1999): over a trajectory it adds
     ``progress_reward x (d(start) - d(end))``, the same for every member of a group whose members all
     win, so a win still outranks every loss, and a loss that ended nearer the goal outranks one that
     did not. Evaluation and success are unshaped. 0 (default) turns it off."""
