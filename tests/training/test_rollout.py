@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent_rl.config import RolloutConfig
@@ -542,6 +542,7 @@ def test_progress_shaping_pays_each_step_toward_a_win_by_hand(policy):
     assert stats["progress_reward"] == 0.0
 
 
+@settings(deadline=None, max_examples=40)  # each example is a whole rollout
 @given(st.lists(st.sampled_from(["right", "left", "stay"]), min_size=6, max_size=6), st.floats(0.01, 2.0))
 def test_progress_shaping_telescopes_to_the_distance_gained(policy, script, progress_reward):
     """Over a trajectory the shaping sums to progress_reward x (d(start) - d(end)), whatever was played."""
