@@ -115,8 +115,16 @@ def test_a_bad_line_before_the_last_is_an_error_naming_it(tmp_path):
         read_metrics(tmp_path)
 
 
-def test_tensorboard_after_a_resume_holds_each_iteration_once_with_the_resumed_values(tmp_path):
+@pytest.mark.parametrize("counters", [None, (9, 10)])
+def test_tensorboard_after_a_resume_holds_each_iteration_once_with_the_resumed_values(tmp_path, monkeypatch, counters):
+    """Also when the resumed event file's counter gains a digit (9, then 10): in the same second,
+    its name would sort before the first file's, and TensorBoard would read it first."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.summary.writer import event_file_writer
+
+    if counters is not None:
+        numbers = iter(counters)
+        monkeypatch.setattr(event_file_writer._global_uid, "get", lambda: next(numbers))
 
     logger = RunLogger(tmp_path)
     for iteration in range(4):

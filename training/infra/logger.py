@@ -67,6 +67,16 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     return records
 
 
+def _after_last_event_file(directory: Path) -> None:
+    """Wait, if need be, until the second after the newest event file's: TensorBoard reads a run's event
+    files in name order, whose first key is the creation second, and a resumed run's purge only drops
+    the redone iterations of files read before its own (the names' last key, a counter without
+    leading zeros, would otherwise put a file of the same second before an older one)."""
+    seconds = [int(p.name.split(".")[3]) for p in directory.glob("events.out.tfevents.*")]
+    while seconds and time.time() < max(seconds) + 1:
+        time.sleep(0.05)
+
+
 class RunLogger:
     """Writes one record per iteration to every enabled sink."""
 
@@ -93,6 +103,8 @@ class RunLogger:
             from torch.utils.tensorboard import SummaryWriter
 
             purge = None if resume_iteration is None else resume_iteration + 1
+            if purge is not None:
+                _after_last_event_file(self.run_dir / "tensorboard")
             self.writer = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"), purge_step=purge)
 
     def log(self, iteration: int, metrics: dict[str, float]) -> None:
