@@ -7,6 +7,10 @@ Importing this module registers ``faulty/Lever-v0``: pull the lever (``pull``) t
 turn 1 returns a NaN reward); ``number_observation`` (``reset`` returns the observation 7);
 ``hang_at_2`` (the step of turn 2 sleeps for an hour, as a call to a dead backend would block);
 ``spin_at_2`` (the step of turn 2 never returns from a regular expression, which holds the GIL).
+
+``faulty/PlannedLever-v0`` is the same lever with an oracle plan (``pull`` for each pull left), and
+two more faults: ``oracle_raises`` (every ``oracle`` call raises) and ``oracle_hangs_at_1`` (the
+``oracle`` call after the step of turn 1 sleeps for an hour).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import time
 import gymnasium as gym
 
 CRASH = "simulator crashed: lost connection to backend"
+ORACLE_CRASH = "planner crashed: search space exhausted"
 
 
 class Lever(gym.Env):
@@ -50,4 +55,14 @@ class Lever(gym.Env):
         return ("Click." if action == "pull" else "Nothing."), reward, won, False, info
 
 
+class PlannedLever(Lever):
+    def oracle(self) -> list[str]:
+        if self.fault == "oracle_raises":
+            raise RuntimeError(ORACLE_CRASH)
+        if self.fault == "oracle_hangs_at_1" and self.turn == 1:
+            time.sleep(3600)
+        return ["pull"] * (3 - self.pulls)
+
+
 gym.register("faulty/Lever-v0", entry_point=Lever)
+gym.register("faulty/PlannedLever-v0", entry_point=PlannedLever)

@@ -51,8 +51,8 @@ class EnvConfig:
     together with the last ``rollout.history_turns`` turns its prompt shows); None uses the
     environment's registered default."""
     timeout_s: float | None = 120.0
-    """Seconds one environment call (``reset``, which includes building the environment, or
-    ``step``) may take. A call over it fails its trajectory as an exception would, and its
+    """Seconds one environment call (``reset``, which includes building the environment, ``step``
+    or ``oracle``) may take. A call over it fails its trajectory as an exception would, and its
     environment is abandoned and rebuilt, so a hung simulator cannot stall the run; null waits
     forever. Local environments then run on a helper thread, so an environment that must run on the
     main thread (one that installs signal handlers) needs null."""

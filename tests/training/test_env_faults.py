@@ -211,6 +211,43 @@ def test_a_hung_step_fails_its_trajectory_at_the_time_limit_instead_of_hanging_t
     assert result.stdout.count(f"environment error in faulty/Lever-v0: {error}") == 1
 
 
+ORACLE_LINE = faulty_env_example.PlannedLever.oracle.__code__.co_firstlineno + 2  # the line that raises
+ORACLE_ERROR = (
+    f"RuntimeError: {faulty_env_example.ORACLE_CRASH} (in oracle(); at faulty_env_example.py:{ORACLE_LINE} in oracle)"
+)
+ORACLE_HANG = (
+    "TimeoutError: oracle() gave no answer within 0.3 s (env.timeout_s); the environment was abandoned and is "
+    "rebuilt on the next reset (in oracle())"
+)
+
+
+@pytest.mark.parametrize("fault, error", [("oracle_raises", ORACLE_ERROR), ("oracle_hangs_at_1", ORACLE_HANG)])
+def test_an_oracle_that_raises_or_hangs_fails_its_trajectory_under_progress_shaping(tmp_path, fault, error):
+    console = Console(file=io.StringIO(), width=400)
+    extra = ("env.id=faulty/PlannedLever-v0", "sft.mode=none", "trainer.iterations=1", "rollout.progress_reward=0.1")
+    with pytest.raises(
+        EnvironmentFailures,
+        match=r"^4 of 4 trajectories failed at iteration 1 .*; the first error: " + re.escape(error),
+    ):
+        train(load_config(overrides=overrides(tmp_path / "run", fault, *extra, "env.timeout_s=0.3")), console=console)
+    assert f"environment error in faulty/PlannedLever-v0: {error}" in console.file.getvalue()
+
+
+def test_an_oracle_warm_start_leaves_out_an_episode_whose_oracle_raised_and_names_the_error():
+    tokenizer = load_tokenizer(policy_dir("embedded"))
+    faults = iter(["never", "oracle_raises", "never"])  # the pool's probe, then the environment of each episode
+    demos = collect_demonstrations(
+        lambda: faulty_env_example.PlannedLever(fault=next(faults)),
+        tokenizer,
+        RolloutConfig(max_turns=4),
+        mode="oracle",
+        seeds=[0, 1],
+        rng=np.random.default_rng(0),
+    )
+    assert demos.failures == [ORACLE_ERROR] and demos.episodes == 2
+    assert demos.successes == 1 and len(demos.prompts) == 3  # the other episode pulls three times and wins
+
+
 @pytest.mark.parametrize("value", ["0", "-2"])
 def test_a_time_limit_that_is_not_positive_is_a_config_error(value):
     with pytest.raises(ConfigError, match=r"config key 'env.timeout_s': must be > 0 seconds, or null for no limit"):

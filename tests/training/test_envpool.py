@@ -13,7 +13,7 @@ import pytest
 from agent_rl.config import RolloutConfig
 from agent_rl.envs import register_text_env
 from agent_rl.training.loop.rollout import collect_rollouts
-from agent_rl.training.serving.envpool import LocalEnvPool, RayEnvPool, RegisteredEnv, failure_kind
+from agent_rl.training.serving.envpool import LocalEnvPool, OraclePlan, RayEnvPool, RegisteredEnv, failure_kind
 
 
 class FlakyEnv(gym.Env):
@@ -92,9 +92,9 @@ def test_local_pool_gives_oracle_plans_from_the_current_state():
     direct = [RegisteredEnv("agent_rl/Maze-v0", {"n_rooms": 4, "n_locked_doors": 1})() for _ in range(2)]
     for env, seed, plan in zip(direct, (6, 5), plans):
         env.reset(seed=seed)
-        assert plan == reference(env) and plan
-    pool.step([0], [plans[1][0]])
-    assert len(pool.oracle([0])[0]) == len(plans[1]) - 1
+        assert plan.failure is None and plan.actions == reference(env) and plan.actions
+    pool.step([0], [plans[1].actions[0]])
+    assert len(pool.oracle([0])[0].actions) == len(plans[1].actions) - 1
     pool.close()
 
 
@@ -237,6 +237,34 @@ def test_a_step_over_the_time_limit_fails_its_slot_and_the_pool_goes_on(faulty):
     time.sleep(0.05)
     assert len([t for t in threading.enumerate() if t.name == "agent-rl-env-calls"]) == len(serving) - 1
     assert pool.reset([1], [4])[0].failure is None
+    pool.close()
+
+
+def test_an_oracle_that_raises_or_hangs_fails_its_slot_and_the_pool_goes_on(faulty):
+    raises = LocalEnvPool(functools.partial(faulty.PlannedLever, fault="oracle_raises"), 1)
+    raises.reset([0], [0])
+    line = faulty.PlannedLever.oracle.__code__.co_firstlineno + 2
+    assert raises.oracle([0]) == [
+        OraclePlan(
+            failure=f"RuntimeError: {faulty.ORACLE_CRASH} (in oracle(); at faulty_env_example.py:{line} in oracle)"
+        )
+    ]
+    raises.close()
+    pool = LocalEnvPool(functools.partial(faulty.PlannedLever, fault="oracle_hangs_at_1"), 2, timeout_s=0.2)
+    pool.reset([0, 1], [0, 1])
+    assert pool.oracle([0, 1]) == [OraclePlan(["pull"] * 3)] * 2
+    pool.step([0], ["pull"])
+    hung, answered = pool.oracle([0, 1])
+    assert hung == OraclePlan(
+        failure="TimeoutError: oracle() gave no answer within 0.2 s (env.timeout_s); the environment was "
+        "abandoned and is rebuilt on the next reset (in oracle())"
+    )
+    assert answered == OraclePlan(["pull"] * 3) and pool.abandoned == 1 and pool._envs[0] is None
+    assert pool.oracle([0])[0].failure == (
+        "RuntimeError: the environment is gone (an earlier call of this episode failed) (in oracle())"
+    )
+    # The slot gets a new environment on its next reset.
+    assert pool.reset([0], [2])[0].failure is None and pool.oracle([0]) == [OraclePlan(["pull"] * 3)]
     pool.close()
 
 

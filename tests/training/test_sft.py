@@ -384,19 +384,23 @@ def test_dagger_plays_the_policy_and_clones_the_oracle_from_where_it_led(tokeniz
 def test_dagger_does_not_label_a_turn_without_a_winning_plan(tokenizer):
     from agent_rl.training.loop.rollout import Episode
     from agent_rl.training.loop.sft import OracleLabeller
+    from agent_rl.training.serving.envpool import OraclePlan
 
-    class NoPlanForSlotZero:
+    class NoPlanForSlotZeroAndAFailureForSlotTwo:
         def oracle(self, slots):
-            return [None if slot == 0 else ["inc", "inc"] for slot in slots]
+            answers = {0: OraclePlan([]), 1: OraclePlan(["inc", "inc"]), 2: OraclePlan(failure="OSError: gone")}
+            return [answers[slot] for slot in slots]
 
     policy = _Scripted(tokenizer, "dec")
-    moves = OracleLabeller(policy, NoPlanForSlotZero(), tokenizer, policy.format).act(
-        [Episode(0, 0, 0, task="t", observation="o"), Episode(1, 1, 0, task="t", observation="o")]
-    )
-    assert [m.action for m in moves] == ["dec", "dec"]  # the policy's action is played either way
-    assert [m.learn for m in moves] == [False, True]
+    episodes = [Episode(slot, slot, 0, task="t", observation="o") for slot in range(3)]
+    moves = OracleLabeller(policy, NoPlanForSlotZeroAndAFailureForSlotTwo(), tokenizer, policy.format).act(episodes)
+    assert [m.action for m in moves] == ["dec", "dec", "dec"]  # the policy's action is played either way
+    assert [m.learn for m in moves] == [False, True, False]
     assert tokenizer.decode(moves[1].response_ids, skip_special_tokens=True) == "inc"
     assert moves[1].response_ids[-1] == tokenizer.eos_token_id and list(moves[0].response_ids) == [1, 2]
+    # The episode whose oracle call failed is failed (and finished); the others go on.
+    assert [e.failure for e in episodes] == [None, None, "OSError: gone"]
+    assert [e.finished for e in episodes] == [False, False, True]
 
 
 def test_collect_dagger_plays_the_engine_greedily_in_batches(policy):

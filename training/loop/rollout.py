@@ -219,13 +219,12 @@ def replay_plans(pool: EnvPool, episodes: list[Episode], share: float) -> None:
     """Play the first :func:`replay_depths` actions of each group's oracle plan in every member of the
     group (its first member's plan: the members share their seed), as turns of the history that hold
     no rows. A plan the environment cannot give replays nothing; a replay that ends or breaks an
-    episode fails it."""
+    episode fails it, and so does an oracle call that fails."""
     leaders = {}
     for episode in episodes:
         if episode.failure is None:
             leaders.setdefault(episode.group, episode)
-    plans = dict(zip(leaders, pool.oracle([e.slot for e in leaders.values()])))
-    plans = {group: plan or [] for group, plan in plans.items()}
+    plans = dict(zip(leaders, oracle_plans(pool, list(leaders.values()))))
     depth = dict(zip(plans, replay_depths(np.array([len(p) for p in plans.values()]), share)))
     for turn in range(max(depth.values(), default=0)):
         moving = [e for e in episodes if e.failure is None and depth.get(e.group, 0) > turn]
@@ -279,8 +278,9 @@ def play_episodes(
             break
         moves = actor.act(active)
         for episode, move in zip(active, moves):
-            episode.finished = move.action is None  # the actor ends it (an oracle with no plan left)
-        stepping = [(e, m) for e, m in zip(active, moves) if m.action is not None]
+            # The actor ends it (an oracle with no plan left), or its oracle call failed it.
+            episode.finished = move.action is None or episode.failure is not None
+        stepping = [(e, m) for e, m in zip(active, moves) if not e.finished]
         results = pool.step([e.slot for e, _ in stepping], [m.action for _, m in stepping]) if stepping else []
         bonus = np.zeros(len(results))
         if progress_reward:
@@ -294,6 +294,8 @@ def play_episodes(
             distance.update(zip(slots, after))
         for (episode, move), result, progress_bonus in zip(stepping, results, bonus):
             stats.tokens += len(move.response_ids)
+            if episode.failure is not None:  # its oracle call after the step failed it
+                continue
             _record(
                 episode, move, result, config, last_turn=turn == config.max_turns - 1, progress=float(progress_bonus)
             )
@@ -315,11 +317,22 @@ def oracle_distances(
 ) -> np.ndarray:
     """Each episode's distance to a win from its environment's current state, reached by its step's
     result (None: its reset): 0 once won, ``no_plan`` where no plan is left (a dead state, or the
-    episode terminated without a win), else the length of the oracle's plan."""
-    lengths = np.array([len(plan or []) for plan in pool.oracle([e.slot for e in episodes])], dtype=np.float64)
+    episode terminated without a win), else the length of the oracle's plan. An oracle call that
+    fails fails its episode (:func:`oracle_plans`)."""
+    lengths = np.array([len(plan) for plan in oracle_plans(pool, episodes)], dtype=np.float64)
     wins = np.array([r is not None and won(r) for r in results], dtype=bool)
     lost = np.array([r is not None and r.terminated for r in results], dtype=bool) & ~wins
     return np.where(wins, 0.0, np.where((lengths > 0) & ~lost, lengths, no_plan))
+
+
+def oracle_plans(pool: EnvPool, episodes: Sequence[Episode]) -> list[list[str]]:
+    """Each episode's oracle plan from its environment's current state (empty: won, or no winning
+    plan is left); an episode whose oracle call raised or hung fails, and gets an empty plan."""
+    plans = pool.oracle([e.slot for e in episodes])
+    for episode, plan in zip(episodes, plans):
+        if plan.failure is not None:
+            _fail(episode, plan.failure)
+    return [plan.actions for plan in plans]
 
 
 def _fail(episode: Episode, failure: str) -> None:

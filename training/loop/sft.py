@@ -33,6 +33,7 @@ from agent_rl.training.loop.rollout import (
     PlayStats,
     PolicyActor,
     draw_seeds,
+    oracle_plans,
     play_episodes,
     sampling_params,
     split_failed,
@@ -116,8 +117,8 @@ class DemonstrationActor:
     def act(self, episodes: list[Episode]) -> list[Move]:
         if self.mode == "oracle":
             stale = [e for e in episodes if not e.history or e.slot not in self.plans]  # a new episode, or a detour
-            for episode, plan in zip(stale, self.pool.oracle([e.slot for e in stale]) if stale else []):
-                self.plans[episode.slot] = list(plan or [])
+            for episode, plan in zip(stale, oracle_plans(self.pool, stale)):
+                self.plans[episode.slot] = plan
         return [self._move(e) for e in episodes]
 
     def _move(self, episode: Episode) -> Move:
@@ -158,7 +159,7 @@ class OracleLabeller:
 
     def act(self, episodes: list[Episode]) -> list[Move]:
         moves = self.policy.act(episodes)
-        plans = self.pool.oracle([e.slot for e in episodes])
+        plans = oracle_plans(self.pool, episodes)
         return [
             dataclasses.replace(move, response_ids=self.format.response_ids(self.tokenizer, plan[0]))
             if plan

@@ -7,8 +7,9 @@ and ``oracle`` on slot indices, so it runs unchanged on :class:`LocalEnvPool` (i
 environment does not scale to hundreds of workers).
 
 An environment that raises, or an actor that dies, never takes the rollout down: that slot returns
-an :class:`EnvResult` with ``failure`` set, and the collector records the trajectory as failed. A
-dead actor is replaced by a fresh one, whose environments are rebuilt on their next reset.
+an :class:`EnvResult` (an :class:`OraclePlan` from ``oracle``) with ``failure`` set, and the collector
+records the trajectory as failed. A dead actor is replaced by a fresh one, whose environments are
+rebuilt on their next reset.
 
 A call that hangs fails the same way once it passes the pool's time limit (``env.timeout_s``). A
 running Python call cannot be interrupted, so with a limit set the calls run on a daemon thread: the
@@ -32,6 +33,7 @@ from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkabl
 
 import gymnasium as gym
 
+from agent_rl.envs.oracle import has_oracle, oracle_actions
 from agent_rl.envs.registration import make_text_env, return_env
 from agent_rl.training.infra.resolution import make_configured_env
 
@@ -47,6 +49,16 @@ class EnvResult:
     info: dict[str, Any] = field(default_factory=dict)
     failure: str | None = None
     """Why the slot failed (``"ExceptionType: message"``); the trajectory in it is lost."""
+
+
+@dataclass
+class OraclePlan:
+    """What one slot's ``oracle`` returned: a winning action sequence from its current state (empty:
+    won, or no winning plan is left), or why the call failed."""
+
+    actions: list[str] = field(default_factory=list)
+    failure: str | None = None
+    """Why the slot's oracle call failed (``"ExceptionType: message"``); the trajectory in it is lost."""
 
 
 EnvFactory = Callable[[], gym.Env]
@@ -66,7 +78,7 @@ class EnvPool(Protocol):
 
     def step(self, slots: Sequence[int], actions: Sequence[str]) -> list[EnvResult]: ...
 
-    def oracle(self, slots: Sequence[int]) -> list[list[str] | None]: ...
+    def oracle(self, slots: Sequence[int]) -> list[OraclePlan]: ...
 
     def close(self) -> None: ...
 
@@ -117,18 +129,18 @@ def env_name(env: gym.Env) -> str:
 
 FAILURE_FRAMES = 2
 """Traceback frames an environment failure names, innermost last."""
-HIDDEN_DIRS = (str(Path(gym.__file__).parent), str(Path(futures.__file__).parent))
-"""Gymnasium's wrappers and the call thread's futures: frames a user never wrote."""
+HIDDEN_PATHS = (str(Path(gym.__file__).parent), str(Path(futures.__file__).parent), oracle_actions.__code__.co_filename)
+"""Gymnasium's wrappers, the call thread's futures and the oracle's unwrapping: frames a user never wrote."""
 
 
 def _failure(exc: BaseException, call: str) -> str:
     """``"ExceptionType: message (in call(); at file.py:12 in fn; ...)"``: what the environment raised,
     in which call, and the last ``FAILURE_FRAMES`` frames of its traceback outside this module and
-    ``HIDDEN_DIRS``."""
+    ``HIDDEN_PATHS``."""
     frames = [
         f
         for f in traceback.extract_tb(exc.__traceback__)
-        if f.filename != __file__ and not f.filename.startswith(HIDDEN_DIRS)
+        if f.filename != __file__ and not f.filename.startswith(HIDDEN_PATHS)
     ][-FAILURE_FRAMES:]
     where = "; ".join(f"{Path(f.filename).name}:{f.lineno} in {f.name}" for f in frames)
     return (
@@ -171,13 +183,11 @@ class _CallThread:
 
 class LocalEnvPool:
     """``n_envs`` environments from ``make_env`` in this process, each built on the first reset of
-    its slot and reused. With ``timeout_s``, a ``reset`` (the build included) or ``step`` that takes
-    longer fails its slot with a ``TimeoutError`` and its environment is abandoned (see the module
+    its slot and reused. With ``timeout_s``, a ``reset`` (the build included), ``step`` or ``oracle``
+    that takes longer fails its slot with a ``TimeoutError`` and its environment is abandoned (see the module
     docstring); ``abandoned`` counts those calls."""
 
     def __init__(self, make_env: EnvFactory, n_envs: int, *, timeout_s: float | None = None):
-        from agent_rl.envs import has_oracle
-
         if n_envs < 1:
             raise ValueError(f"n_envs must be >= 1, got {n_envs}")
         if timeout_s is not None and not timeout_s > 0:
@@ -221,18 +231,28 @@ class LocalEnvPool:
         observation, reward, terminated, truncated, info = self._envs[slot].step(action)
         return EnvResult(observation, float(reward), bool(terminated), bool(truncated), info)
 
+    def _oracle_slot(self, slot: int, _: None) -> OraclePlan:
+        if self._envs[slot] is None:
+            raise RuntimeError("the environment is gone (an earlier call of this episode failed)")
+        return OraclePlan(oracle_actions(self._envs[slot]))
+
     def _each(
-        self, call: str, fn: Callable[..., EnvResult], slots: Sequence[int], values: Sequence[Any]
-    ) -> list[EnvResult]:
-        """``fn(slot, value)`` per slot; a slot whose call raises or times out fails, and loses its
-        environment, without stopping the others."""
+        self,
+        call: str,
+        fn: Callable[..., Any],
+        slots: Sequence[int],
+        values: Sequence[Any],
+        failed: Callable[..., Any] = EnvResult,
+    ) -> list[Any]:
+        """``fn(slot, value)`` per slot; a slot whose call raises or times out answers
+        ``failed(failure=...)`` and loses its environment, without stopping the others."""
         results = []
         for slot, value in zip(slots, values, strict=True):
             try:
                 results.append(self._timed(functools.partial(fn, slot, value), call))
             except Exception as exc:
                 self._envs[slot] = None
-                results.append(EnvResult(failure=_failure(exc, call)))
+                results.append(failed(failure=_failure(exc, call)))
         return results
 
     def reset(self, slots: Sequence[int], seeds: Sequence[int]) -> list[EnvResult]:
@@ -241,12 +261,10 @@ class LocalEnvPool:
     def step(self, slots: Sequence[int], actions: Sequence[str]) -> list[EnvResult]:
         return self._each("step", self._step_slot, slots, actions)
 
-    def oracle(self, slots: Sequence[int]) -> list[list[str] | None]:
-        """A winning plan from each slot's current state (``agent_rl.envs.oracle_actions``); None for a slot
-        whose environment is gone."""
-        from agent_rl.envs import oracle_actions
-
-        return [None if self._envs[slot] is None else oracle_actions(self._envs[slot]) for slot in slots]
+    def oracle(self, slots: Sequence[int]) -> list[OraclePlan]:
+        """A winning plan from each slot's current state (``agent_rl.envs.oracle_actions``); an oracle
+        that raises or hangs, or a slot whose environment is gone, fails its slot."""
+        return self._each("oracle", self._oracle_slot, slots, [None] * len(slots), failed=OraclePlan)
 
     def close(self) -> None:
         for env in self._envs:
@@ -302,8 +320,6 @@ class RayEnvPool:
         timeout_s: float | None = None,
     ):
         import ray
-
-        from agent_rl.envs import has_oracle
 
         if n_envs < 1 or n_actors < 1:
             raise ValueError(f"n_envs and n_actors must be >= 1, got {n_envs} and {n_actors}")
@@ -384,8 +400,8 @@ class RayEnvPool:
     def step(self, slots: Sequence[int], actions: Sequence[str]) -> list[EnvResult]:
         return self._call("step", slots, list(actions), lost=lambda message: EnvResult(failure=message))
 
-    def oracle(self, slots: Sequence[int]) -> list[list[str] | None]:
-        return self._call("oracle", slots, lost=lambda message: None)
+    def oracle(self, slots: Sequence[int]) -> list[OraclePlan]:
+        return self._call("oracle", slots, lost=lambda message: OraclePlan(failure=message))
 
     def kill_actor(self, index: int, timeout_s: float = 30.0) -> None:
         """Kill one actor (a failure drill for tests and operators) and wait until it is gone: a kill
