@@ -230,7 +230,7 @@ def replay_plans(pool: EnvPool, episodes: list[Episode], share: float) -> None:
         moving = [e for e in episodes if e.failure is None and depth.get(e.group, 0) > turn]
         actions = [plans[e.group][turn] for e in moving]
         for episode, action, result in zip(moving, actions, pool.step([e.slot for e in moving], actions)):
-            failure = result.failure or contract_breach("step", turn, result)
+            failure = result_failure("step", turn, result)
             if failure is None and (result.terminated or result.truncated):
                 failure = f"ReplayError: the oracle plan's action {turn + 1} ({action!r}) ended the episode"
             if failure is not None:
@@ -259,7 +259,7 @@ def play_episodes(
         raise ValueError(f"{len(seeds)} episodes need more than the pool's {pool.n_envs} environments")
     episodes = [Episode(slot, int(seed), int(group)) for slot, (seed, group) in enumerate(zip(seeds, groups))]
     for episode, result in zip(episodes, pool.reset([e.slot for e in episodes], [e.seed for e in episodes])):
-        failure = result.failure or contract_breach("reset", 0, result)
+        failure = result_failure("reset", 0, result)
         if failure is not None:  # a broken environment fails its own trajectory only
             _fail(episode, failure)
         else:
@@ -340,10 +340,13 @@ def _fail(episode: Episode, failure: str) -> None:
     episode.finished = True
 
 
-def contract_breach(call: str, turn: int, result: EnvResult) -> str | None:
-    """Why ``result`` of ``call`` (``reset`` or ``step``) for ``turn`` breaks the text-environment
-    contract (an observation that is not a string, a reward that is not finite), in the form of an
-    environment failure (``agent_rl.training.serving.envpool``); None when it keeps it."""
+def result_failure(call: str, turn: int, result: EnvResult) -> str | None:
+    """Why ``result`` of ``call`` (``reset`` or ``step``) for ``turn`` fails its trajectory: the
+    environment's own failure, or a breach of the text-environment contract (an observation that is
+    not a string, a reward that is not finite) in the same form
+    (``agent_rl.training.serving.envpool``); None when it does not."""
+    if result.failure is not None:
+        return result.failure
     if not isinstance(result.observation, str):
         what = f"an observation of type {type(result.observation).__name__}, not str"
     elif not np.isfinite(result.reward):
@@ -358,7 +361,7 @@ def _record(
 ) -> None:
     """Append the turn's row: every column of ``agent_rl.core.batch.ROW_COLUMNS``, and what the rollout
     keeps beside them. ``progress`` is the turn's progress shaping, added to its reward."""
-    failure = result.failure or contract_breach("step", len(episode.rows), result)
+    failure = result_failure("step", len(episode.rows), result)
     if failure is not None:
         _fail(episode, failure)
         return
