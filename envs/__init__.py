@@ -7,7 +7,15 @@ with Gymnasium. Reset seeds from ``EVAL_SEED_BASE`` on are evaluation seeds: the
 training instance.
 """
 
-from agent_rl.envs.base import EVAL_SEED_BASE, TextEnv, Transition, instance_split, normalize_action, seed_split
+from agent_rl.envs.base import (
+    EVAL_SEED_BASE,
+    TextEnv,
+    Transition,
+    instance_split,
+    normalize_action,
+    seed_split,
+    step_won,
+)
 from agent_rl.envs.checker import CheckReport, TextEnvCheckError, check_text_env
 from agent_rl.envs.oracle import AUTO_SFT_REASONS, auto_sft_mode, has_oracle, oracle_actions
 from agent_rl.envs.registration import (
@@ -31,6 +39,7 @@ __all__ = [
     "EVAL_SEED_BASE",
     "instance_split",
     "seed_split",
+    "step_won",
     "CheckReport",
     "EnvUnavailableError",
     "TextEnvCheckError",

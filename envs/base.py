@@ -34,6 +34,11 @@ class EnvUnavailableError(RuntimeError):
     says what is missing and how to get it."""
 
 
+def step_won(info: dict[str, Any], terminated: bool, reward: float) -> bool:
+    """Whether a step's result is a win: ``info["won"]``, or without the key, ending with a positive reward."""
+    return bool(info.get("won", terminated and reward > 0))
+
+
 def seed_split(seed: int | None) -> str:
     """The split a reset seed belongs to: ``"eval"`` from ``EVAL_SEED_BASE`` on, else ``"train"`` (also None)."""
     return "eval" if seed is not None and seed >= EVAL_SEED_BASE else "train"

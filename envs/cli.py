@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from agent_rl.envs.base import step_won
 from agent_rl.envs.registration import (
     EnvUnavailableError,
     import_modules,
@@ -109,7 +110,6 @@ def play(
         total_reward, steps = total_reward + reward, steps + 1
         if terminated or truncated:
             console.print(observation, markup=False)
-            won = info.get("won", terminated and reward > 0)  # the trainer's fallback without the key
-            outcome = "won" if won else ("out of steps" if truncated else "episode over")
+            outcome = "won" if step_won(info, terminated, reward) else ("out of steps" if truncated else "episode over")
             console.print(f"{outcome}: return {total_reward:g} after {steps} steps", style="bold", markup=False)
             return 0

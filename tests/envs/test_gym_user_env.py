@@ -18,7 +18,7 @@ from tiny_train import TINY_TRAIN  # tests/envs
 
 from agent_rl.cli import main
 from agent_rl.config import Config, ConfigError, load_config
-from agent_rl.envs import EVAL_SEED_BASE, auto_sft_mode, check_text_env
+from agent_rl.envs import EVAL_SEED_BASE, auto_sft_mode, check_text_env, step_won
 from agent_rl.training.infra.logger import read_metrics
 from agent_rl.training.infra.resolution import resolve
 from agent_rl.training.loop.rollout import Move, PlayStats, play_episodes
@@ -156,6 +156,21 @@ def test_the_trainer_falls_back_for_missing_info_keys():
         "A lock with 3 digits. Guess the code, e.g. 123.",
         "Guess no digits: 0 digit(s) in place.",
     ]
+
+
+@pytest.mark.parametrize(
+    "info, terminated, reward, won",
+    [
+        ({}, True, 1.0, True),
+        ({}, True, 0.0, False),  # ended without a reward
+        ({}, False, 1.0, False),  # a reward on the way
+        ({}, True, -1.0, False),
+        ({"won": False}, True, 1.0, False),  # the key decides where it is set
+        ({"won": True}, False, 0.0, True),
+    ],
+)
+def test_the_win_rule_the_trainer_and_play_share(info, terminated, reward, won):
+    assert step_won(info, terminated, reward) is won
 
 
 def test_checker_takes_the_module_form_and_lists_the_missing_info_keys():

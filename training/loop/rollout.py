@@ -49,6 +49,7 @@ import numpy as np
 
 from agent_rl.config import RolloutConfig, check_rollout
 from agent_rl.core.batch import StepBatch
+from agent_rl.envs.base import step_won
 from agent_rl.training.models.prompts import PromptFormat, Turn
 from agent_rl.training.serving.engines import Engine, SamplingParams
 from agent_rl.training.serving.envpool import EnvFactory, EnvPool, EnvResult, env_pool
@@ -308,8 +309,8 @@ def play_episodes(
 
 
 def won(result: EnvResult) -> bool:
-    """Whether a step's result is a win: ``info["won"]``, or without the key, ending with a positive reward."""
-    return bool(result.info.get("won", result.terminated and result.reward > 0))
+    """Whether a step's result is a win (``agent_rl.envs.step_won``)."""
+    return step_won(result.info, result.terminated, result.reward)
 
 
 def oracle_distances(
