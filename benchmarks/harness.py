@@ -174,6 +174,7 @@ def run_jobs(
     title: str,
     needs: Callable[[Job], Sequence[Job]] = lambda job: (),
     ready: Callable[[Job], bool] = lambda job: True,
+    waits_outside: Callable[[Job], bool] = lambda job: False,
     wanted: Callable[[Job], bool] = lambda job: True,
     on_start: Callable[[Job], None] = lambda job: None,
     on_finish: Callable[[Job], None] = lambda job: None,
@@ -184,7 +185,9 @@ def run_jobs(
     and ``ready(job)`` (``on_start(job)``
     just before); a pending one no longer ``wanted(job)`` is dropped (a failed gate), and
     ``on_finish(job)`` runs when one has finished. A failed job stops the others (:class:`RunFailed`);
-    so does stopping the benchmark, each run saving a checkpoint its rerun resumes from."""
+    so does stopping the benchmark, each run saving a checkpoint its rerun resumes from, and so does
+    a state where nothing runs and no pending job can start, unless one ``waits_outside`` (on a run
+    another process is training now)."""
     pending = [job for job in jobs if not finished(job.run_dir, job.iterations)]
     done = {id(job) for job in jobs} - {id(job) for job in pending}
     total = sum(job.iterations + 1 for job in jobs)
@@ -199,15 +202,16 @@ def run_jobs(
                 pending.remove(job)
                 total -= job.iterations + 1
                 progress.update(overall, total=total)
-            startable = [job for job in pending if all(id(need) in done for need in needs(job)) and ready(job)]
-            starting = startable[: workers - len(running)]
+            free = workers - len(running)  # ready() is asked only when a worker is free: it may read checkpoints
+            startable = [job for job in pending if free > 0 and all(id(n) in done for n in needs(job)) and ready(job)]
+            starting = startable[:free]
             for job in starting:
                 pending.remove(job)
                 on_start(job)
                 job.run_dir.mkdir(parents=True, exist_ok=True)
                 process = start(job.command(), job.run_dir / "train.log", job.environment())
                 running.append((job, process, progress.add_task(f"  {job.name}", total=job.iterations + 1)))
-            if pending and not running:
+            if pending and not running and not any(waits_outside(job) for job in pending):
                 raise RunFailed(f"no run can start: {pending[0].name} waits on a run that will not finish")
             time.sleep(1.0)
             for entry in list(running):

@@ -302,6 +302,26 @@ class Run:
     def name(self) -> str:
         return f"{self.case.name} seed {self.seed}"
 
+    def warm_start_problem(self) -> str | None:
+        """Why the shared warm start cannot be used yet (its checkpoint is missing or broken); None
+        without one, or once it is saved."""
+        from agent_rl.training.infra.checkpoint import CheckpointError, find_checkpoint
+
+        if self.warm_start is None:
+            return None
+        try:
+            find_checkpoint(self.warm_start, "sft")
+        except CheckpointError as exc:
+            return str(exc)
+        return None
+
+    @property
+    def warm_start_in_training(self) -> bool:
+        """Whether another process is training in the run directory that holds the shared warm start."""
+        from agent_rl.training.loop.run_dir import run_dir_in_use
+
+        return self.warm_start is not None and run_dir_in_use(self.warm_start)
+
     def warm_start_overrides(self) -> tuple[str, ...]:
         """``policy=`` the shared warm start and no warm start of its own (none without ``warm_start``)."""
         if self.warm_start is None:
@@ -684,8 +704,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--warm-starts-from",
         type=Path,
-        help="another --out whose runs of the same case and seed still hold their warm-start checkpoints: "
-        "start from those instead of training each warm start again (the RL phase alone; pilots of settings)",
+        help="another --out whose runs of the same case and seed hold (or, while another lift trains them, will "
+        "hold) their warm-start checkpoints: start from those instead of training each warm start again (the RL "
+        "phase alone; pilots of settings); a run waits for a warm start that is still being trained",
     )
     parser.add_argument(
         "--set",
@@ -722,18 +743,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--baseline {args.baseline} holds no summary.json: run --report --out {args.baseline} first")
     runs = plan(cases, seeds, args.out, settings, args.first_seed, args.engine, args.warm_starts_from)
     if not args.report:
-        from agent_rl.training.infra.checkpoint import CheckpointError
-
-        try:
-            for run in runs:  # a missing warm start fails here, before any run starts
-                if not run.done:
-                    run.warm_start_overrides()
-        except CheckpointError as exc:
-            parser.error(f"--warm-starts-from: {exc}")
+        for run in runs:  # a missing warm start that no process is training fails here, before any run starts
+            if not run.done and (problem := run.warm_start_problem()) and not run.warm_start_in_training:
+                parser.error(f"--warm-starts-from: {problem}")
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns) as progress:
             try:
-                run_jobs(runs, workers=args.workers, progress=progress, title="lift")
+                run_jobs(
+                    runs,
+                    workers=args.workers,
+                    progress=progress,
+                    title="lift",
+                    ready=lambda run: run.warm_start_problem() is None,
+                    waits_outside=lambda run: run.warm_start_in_training,
+                )
             except RunFailed as exc:
                 print(f"lift: error: {exc}", file=sys.stderr)
                 return 1

@@ -96,6 +96,24 @@ def test_a_job_starts_only_once_the_jobs_it_needs_have_logged_everything_and_exi
     assert seen_exited == [("warm", False), ("cell0", True), ("cell1", True)]
 
 
+def test_a_job_waiting_on_a_run_another_process_trains_is_waited_for_while_that_run_trains(tmp_path):
+    job = FakeJob("pilot", tmp_path / "pilot")
+    asked = []
+
+    def warm_start_saved(job) -> bool:  # another process saves it after a few looks
+        asked.append(job.name)
+        return len(asked) > 3
+
+    _run([job], ready=warm_start_saved, waits_outside=lambda job: True)
+    assert harness.finished(job.run_dir, job.iterations) and len(asked) == 4
+    # Once no process trains it any more and it is still missing, the benchmark stops instead of waiting forever.
+    other = FakeJob("orphan", tmp_path / "orphan")
+    training = iter([True, True, False])
+    with pytest.raises(harness.RunFailed, match="no run can start: orphan waits on a run that will not finish"):
+        _run([other], ready=lambda job: False, waits_outside=lambda job: next(training))
+    assert not other.run_dir.exists()
+
+
 def test_a_failed_run_or_one_that_stops_early_stops_the_benchmark_naming_it(tmp_path):
     with pytest.raises(harness.RunFailed, match=r"broken failed \(exit code 3\); its log: .*broken/train.log"):
         _run([FakeJob("broken", tmp_path / "broken", exit_code=3)])

@@ -306,6 +306,23 @@ def test_bad_settings_fail_before_any_run(tmp_path, capsys):
     assert "--warm-starts-from: no 'sft' checkpoint" in capsys.readouterr().err and not (tmp_path / "runs").exists()
 
 
+def test_a_run_waits_for_a_warm_start_only_while_another_process_trains_it(tmp_path):
+    from filelock import FileLock
+
+    from agent_rl.training.loop.run_dir import LOCK_FILE
+
+    other = tmp_path / "defaults" / "runs" / "say" / "seed0"
+    (run,) = lift.plan(lift.QUICK_CASES[:1], 1, tmp_path / "pilot", warm_starts_from=tmp_path / "defaults")
+    assert run.warm_start == other and "no 'sft' checkpoint" in run.warm_start_problem()
+    assert not run.warm_start_in_training
+    other.mkdir(parents=True)
+    with FileLock(other / LOCK_FILE):  # as the lift training the defaults holds it
+        assert run.warm_start_in_training
+    assert not run.warm_start_in_training
+    (alone,) = lift.plan(lift.QUICK_CASES[:1], 1, tmp_path / "own")
+    assert alone.warm_start_problem() is None and not alone.warm_start_in_training
+
+
 def test_a_case_without_sampled_evaluation_reports_dashes(tmp_path):
     def run(seed, start, end):
         return {

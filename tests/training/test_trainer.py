@@ -581,17 +581,21 @@ def test_a_run_directory_in_use_is_refused_in_one_line_and_free_once_its_run_end
     from filelock import FileLock
 
     from agent_rl.cli import main
-    from agent_rl.training.loop.run_dir import LOCK_FILE
+    from agent_rl.training.loop.run_dir import LOCK_FILE, run_dir_in_use
 
     run_dir = tmp_path / "run"
+    assert not run_dir_in_use(run_dir) and not run_dir.exists()  # asking creates nothing
     first = Trainer.from_config(load_config(overrides=tiny_overrides(run_dir, "sft.mode=none")))
+    assert run_dir_in_use(run_dir)
     try:
         # A second trainer (in this process or another) would delete the first one's saves in progress.
         with pytest.raises(FileExistsError, match="in use by another training process"):
             Trainer.from_config(load_config(overrides=tiny_overrides(run_dir, "sft.mode=none")), resume="auto")
     finally:
         first.close()
+    assert not run_dir_in_use(run_dir)
     with FileLock(run_dir / LOCK_FILE):  # as another process training there holds it
+        assert run_dir_in_use(run_dir)
         assert main(["train", "--resume", "auto", *tiny_overrides(run_dir, "sft.mode=none")]) == 2
     assert "is in use by another training process" in capsys.readouterr().err
     assert not list(run_dir.glob("*.jsonl"))  # the refused runs wrote nothing

@@ -55,6 +55,19 @@ def lock_run_dir(run_dir: Path, dist: DistContext) -> FileLock | None:
     return lock
 
 
+def run_dir_in_use(run_dir: Path) -> bool:
+    """Whether a process is training in ``run_dir`` now (it holds :func:`lock_run_dir`'s lock)."""
+    if not (Path(run_dir) / LOCK_FILE).is_file():
+        return False
+    lock = FileLock(Path(run_dir) / LOCK_FILE)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return True
+    lock.release()
+    return False
+
+
 def open_run_dir(
     config: Config,
     *,
