@@ -277,15 +277,17 @@ def test_quick_run_stops_resumes_writes_curves_lifts_and_reports_again_without_t
     assert lift.main(["--quick", "--out", str(tmp_path / "empty"), "--report"]) == 1
     assert "no finished runs" in capsys.readouterr().err
     # Another setting from the same warm starts: the RL phase alone, from the same iteration-0 policy
-    # (greedy play is the same; sampling draws from a stream the warm start did not advance).
+    # and the same sampling seeds (the engine's stream restarts after the warm start).
     shared = tmp_path / "shared"
     reuse = ["--quick", "--cases", "say", "--out", str(shared), "--engine", "hf", "--warm-starts-from", str(tmp_path)]
     assert lift.main(reuse) == 0
     for seed in (0, 1):
         own, reused = (read_metrics(root / f"runs/say/seed{seed}") for root in (tmp_path, shared))
         assert "sft/steps_taken" in own[0] and "sft/steps_taken" not in reused[0]  # no warm start of its own
-        for key in ("eval/greedy_success", "eval/greedy_invalid_rate", "eval/greedy_length"):
+        for key in ("eval/greedy_success", "eval/greedy_invalid_rate", "eval/greedy_length", "eval/sampled_success"):
             assert reused[0][key] == own[0][key]
+        # With the same settings, the RL phase samples the same batches.
+        assert [r["rollout/return"] for r in reused[1:]] == [r["rollout/return"] for r in own[1:]]
 
 
 def test_bad_settings_fail_before_any_run(tmp_path, capsys):

@@ -52,6 +52,11 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+RL_FIRST_ENGINE_CALL = 1 << 32
+"""The engine's call count at the first evaluation after the warm start (the per-call sampling seeds
+of ``HFEngine``), beyond any count a warm start reaches."""
+
+
 class Trainer:
     """One training run: the model, optimizer, engine, environments, RNG streams and run directory."""
 
@@ -279,6 +284,10 @@ class Trainer:
         if self.dist.is_main:
             metrics = warm_start(self.model, self.tokenizer, self.make_env, self.config, self.console, self.engine)
             self.engine.update_weights(self.model)
+            if hasattr(self.engine, "calls"):
+                # Sampling from here on does not depend on how many calls the warm start made, so runs
+                # that share a warm start (one trained it, the others load it) share their sampling seeds.
+                self.engine.calls = RL_FIRST_ENGINE_CALL
             if self.config.trainer.eval_first:
                 with self._progress() as progress:
                     metrics.update(self.evaluate(progress))
