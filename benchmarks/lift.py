@@ -399,13 +399,15 @@ LIMITS = {
     "pass_rate": "rollout/success_rate",
     "invalid_rate": "rollout/invalid_rate",
     "entropy": "update/entropy",
+    "action_entropy": "rollout/action_entropy",
     "approx_kl": "update/approx_kl",
     "optimizer_steps": "update/optimizer_steps",
     "advantage_mass_early": "advantage/mass_early",
     "advantage_mass_late": "advantage/mass_late",
 }
 """What limits multi-turn learning, read from each RL iteration's metrics: the share of groups
-without return spread, the training pass rate, the invalid-action rate, the reply entropy, how far
+without return spread, the training pass rate, the invalid-action rate, the reply entropy (per
+token), the entropy of the actions played (bits; near 0 is one action whatever the state), how far
 and in how many steps an update moves the policy, and the advantage mass on the first and last
 third of the turns. A run's summary holds the median of each over its RL iterations."""
 
@@ -652,7 +654,8 @@ def _limits(case: dict[str, Any]) -> str:
 
     return (
         f"groups without return spread {shown('zero_variance_groups', '.0%')}, pass rate {shown('pass_rate', '.0%')}, "
-        f"invalid actions {shown('invalid_rate', '.0%')}, entropy {shown('entropy', '.2f')}, approx KL "
+        f"invalid actions {shown('invalid_rate', '.0%')}, entropy {shown('entropy', '.2f')}, action entropy "
+        f"{shown('action_entropy', '.2f')} bits, approx KL "
         f"{shown('approx_kl', '.1e')} in {shown('optimizer_steps', '.0f')} optimizer steps, advantage mass on the "
         f"first/last third of the turns {shown('advantage_mass_early', '.0%')}/{shown('advantage_mass_late', '.0%')}."
     )

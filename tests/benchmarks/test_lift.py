@@ -49,6 +49,7 @@ def test_run_summary_by_hand():
             "rollout/invalid_rate": 0.1,
             "credit/zero_variance_groups": 0.75,
             "update/entropy": 0.5,
+            "rollout/action_entropy": 1.5,
         },
         {
             "iteration": 2,
@@ -58,6 +59,7 @@ def test_run_summary_by_hand():
             "rollout/success_rate": 0.6,
             "rollout/invalid_rate": 0.0,
             "credit/zero_variance_groups": 0.25,
+            "rollout/action_entropy": 0.5,
         },
     ]
     summary = lift.run_summary(records)
@@ -75,6 +77,7 @@ def test_run_summary_by_hand():
     limits = summary["limits"]
     assert limits["zero_variance_groups"] == pytest.approx(0.5) and limits["pass_rate"] == pytest.approx(0.45)
     assert limits["entropy"] == 0.5 and limits["approx_kl"] is None and limits.keys() == lift.LIMITS.keys()
+    assert limits["action_entropy"] == pytest.approx(1.0)
     other = {**summary, "limits": {**limits, "zero_variance_groups": 0.0, "entropy": None}}
     case = lift.Case("c", "a case", (), 2, 2, lift.Goal("lift", 20.0))
     across = lift.case_summary(case, [summary, summary, other], None)["limits"]
@@ -350,7 +353,10 @@ def test_a_case_without_sampled_evaluation_reports_dashes(tmp_path):
     text = (tmp_path / "summary.md").read_text()
     assert "| r | 2 | - | 25.0% -> 62.5% | +37.5 [" in text and "| - -> - | - | 10.0 |" in text
     assert "(lift +25.0; sampled -;" in text and "nan" not in text
-    assert "groups without return spread -, pass rate 50%, invalid actions 10%, entropy -, approx KL -" in text
+    assert (
+        "groups without return spread -, pass rate 50%, invalid actions 10%, entropy -, "
+        "action entropy - bits, approx KL -" in text
+    )
     one_seed = {"cases": [lift.case_summary(case, [run(0, 0.25, 0.5)], None)]}
     lift.write_markdown(one_seed, tmp_path / "one_seed.md")
     text = (tmp_path / "one_seed.md").read_text()
