@@ -9,8 +9,8 @@ turn 1 returns a NaN reward); ``number_observation`` (``reset`` returns the obse
 ``spin_at_2`` (the step of turn 2 never returns from a regular expression, which holds the GIL).
 
 ``faulty/PlannedLever-v0`` is the same lever with an oracle plan (``pull`` for each pull left), and
-two more faults: ``oracle_raises`` (every ``oracle`` call raises) and ``oracle_hangs_at_1`` (the
-``oracle`` call after the step of turn 1 sleeps for an hour).
+more faults: ``oracle_raises`` (every ``oracle`` call raises) and ``oracle_hangs_at_<k>`` (the
+``oracle`` call after the step of turn k, or after ``reset`` for 0, sleeps for an hour).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class PlannedLever(Lever):
     def oracle(self) -> list[str]:
         if self.fault == "oracle_raises":
             raise RuntimeError(ORACLE_CRASH)
-        if self.fault == "oracle_hangs_at_1" and self.turn == 1:
+        if self.fault == f"oracle_hangs_at_{self.turn}":
             time.sleep(3600)
         return ["pull"] * (3 - self.pulls)
 

@@ -52,10 +52,11 @@ class EnvConfig:
     environment's registered default."""
     timeout_s: float | None = 120.0
     """Seconds one environment call (``reset``, which includes building the environment, ``step``
-    or ``oracle``) may take. A call over it fails its trajectory as an exception would, and its
-    environment is abandoned and rebuilt, so a hung simulator cannot stall the run; null waits
-    forever. Local environments then run on a helper thread, so an environment that must run on the
-    main thread (one that installs signal handlers) needs null."""
+    or ``oracle``) may take, and ``sft.mode=auto``'s probe at the start (a build, a reset and an
+    oracle call) too. A call over it fails its trajectory as an exception would (the probe stops the
+    run before it starts), and its environment is abandoned and rebuilt, so a hung simulator cannot
+    stall the run; null waits forever. Local environments then run on a helper thread, so an
+    environment that must run on the main thread (one that installs signal handlers) needs null."""
 
     _shorthand = "id"
 

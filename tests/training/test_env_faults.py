@@ -16,6 +16,7 @@ from rich.console import Console
 
 from agent_rl.config import ConfigError, RolloutConfig, load_config
 from agent_rl.training.infra.logger import read_metrics
+from agent_rl.training.infra.resolution import resolve
 from agent_rl.training.loop.guards import EnvironmentFailures
 from agent_rl.training.loop.sft import collect_demonstrations
 from agent_rl.training.loop.trainer import train
@@ -231,6 +232,44 @@ def test_an_oracle_that_raises_or_hangs_fails_its_trajectory_under_progress_shap
     ):
         train(load_config(overrides=overrides(tmp_path / "run", fault, *extra, "env.timeout_s=0.3")), console=console)
     assert f"environment error in faulty/PlannedLever-v0: {error}" in console.file.getvalue()
+
+
+def probe_failure(error: str) -> str:
+    return (
+        "config key 'sft.mode': auto chooses the warm start by probing one 'faulty/PlannedLever-v0' environment "
+        f"(its reset(seed=0), then its oracle() when it has one), and the environment failed: {error}; fix it, "
+        "or set sft.mode to oracle, random or none"
+    )
+
+
+@pytest.mark.parametrize(
+    "fault, error",
+    [
+        ("oracle_raises", ORACLE_ERROR.replace("(in oracle()", "(in auto_sft_mode()")),
+        (
+            "oracle_hangs_at_0",
+            "TimeoutError: auto_sft_mode() gave no answer within 0.3 s (env.timeout_s); the environment was "
+            "abandoned (in auto_sft_mode())",
+        ),
+    ],
+)
+def test_sft_mode_auto_names_an_oracle_that_raises_or_hangs_when_it_probes_the_environment(fault, error):
+    overrides = ["env.id=faulty/PlannedLever-v0", f"env.kwargs={{fault: {fault}}}", "env.timeout_s=0.3", "engine=hf"]
+    with pytest.raises(ConfigError) as raised:
+        resolve(load_config(overrides=[*overrides, "sft.mode=auto"]))
+    assert str(raised.value) == probe_failure(error)
+    assert resolve(load_config(overrides=[*overrides, "sft.mode=none"])).sft.mode == "none"  # nothing probed
+    assert resolve(load_config(overrides=[*overrides[:1], "engine=hf", "sft.mode=auto"])).sft.mode == "oracle"
+
+
+@pytest.mark.slow
+def test_an_oracle_that_raises_at_the_start_stops_the_cli_with_its_message_before_anything_is_written(tmp_path):
+    result = run_cli(tmp_path / "run", "oracle_raises", "env.id=faulty/PlannedLever-v0", "sft.mode=auto")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == "agent-rl: error: " + probe_failure(
+        ORACLE_ERROR.replace("(in oracle()", "(in auto_sft_mode()")
+    )
+    assert not (tmp_path / "run").exists()
 
 
 def test_an_oracle_warm_start_leaves_out_an_episode_whose_oracle_raised_and_names_the_error():

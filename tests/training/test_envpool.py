@@ -12,8 +12,9 @@ import pytest
 
 from agent_rl.config import RolloutConfig
 from agent_rl.envs import register_text_env
+from agent_rl.training.infra.env_calls import failure_kind
 from agent_rl.training.loop.rollout import collect_rollouts
-from agent_rl.training.serving.envpool import LocalEnvPool, OraclePlan, RayEnvPool, RegisteredEnv, failure_kind
+from agent_rl.training.serving.envpool import LocalEnvPool, OraclePlan, RayEnvPool, RegisteredEnv
 
 
 class FlakyEnv(gym.Env):

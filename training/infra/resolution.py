@@ -15,6 +15,7 @@ import torch
 from agent_rl import envs
 from agent_rl.config import Config, ConfigError, EnvConfig, resolve_algorithm, validate
 from agent_rl.training.infra.distributed import bf16_supported, check_precision, resolve_device
+from agent_rl.training.infra.env_calls import TimedCalls, failure
 
 
 def vllm_available() -> bool:
@@ -52,15 +53,42 @@ def make_configured_env(env: EnvConfig) -> Any:
         ) from None
 
 
+def probe_sft_mode(env: EnvConfig, make_env: Callable[[], Any] | None = None) -> str:
+    """What ``sft.mode=auto`` warm-starts with: ``agent_rl.envs.auto_sft_mode`` of one environment from
+    ``make_env`` (the trainer's environment factory, which takes it back when it has a ``keep(env)``
+    method) or, without one, of :func:`make_configured_env`. Building and probing it is one call under
+    ``env.timeout_s``; an environment that raises or hangs there is a :class:`ConfigError` that names
+    the key, the error and the user's frames, and a hung one is abandoned."""
+    built = []
+
+    def choose() -> str:
+        built.append(make_env() if make_env is not None else make_configured_env(env))
+        return envs.auto_sft_mode(built[0])
+
+    calls = TimedCalls(env.timeout_s)
+    try:
+        mode = calls(choose, "auto_sft_mode")
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(
+            f"config key 'sft.mode': auto chooses the warm start by probing one {env.id!r} environment (its "
+            f"reset(seed=0), then its oracle() when it has one), and the environment failed: "
+            f"{failure(exc, 'auto_sft_mode')}; fix it, or set sft.mode to oracle, random or none"
+        ) from None
+    finally:
+        calls.close()
+    envs.return_env(make_env, built[0])
+    return mode
+
+
 def resolve(config: Config, make_env: Callable[[], Any] | None = None) -> Config:
     """A copy of ``config`` with every open choice made, once for every consumer:
 
     - ``engine.kind``: ``auto`` is ``vllm`` when it imports, else ``hf``;
     - ``policy.precision``: ``auto`` is ``bf16`` where ``policy.device`` runs it natively, else ``fp32``;
     - ``env.anchor_key``: None is the environment's registered default (after ``env.imports``);
-    - ``sft.mode``: ``auto`` is ``agent_rl.envs.auto_sft_mode`` of one environment from ``make_env`` (the
-      trainer's environment factory, which takes it back when it has a ``keep(env)`` method) or,
-      without one, of :func:`make_configured_env`;
+    - ``sft.mode``: ``auto`` is :func:`probe_sft_mode`'s choice;
     - ``algo``: the preset's parts (:func:`resolve_algorithm`), with Dr.GRPO's ``norm_length`` set to
       ``rollout.max_new_tokens``.
 
@@ -75,11 +103,7 @@ def resolve(config: Config, make_env: Callable[[], Any] | None = None) -> Config
         envs.import_modules(resolved.env.imports)
         resolved.env.anchor_key = envs.default_anchor_key(resolved.env.id)
     if resolved.sft.mode == "auto":
-        env = make_env() if make_env is not None else make_configured_env(resolved.env)
-        try:
-            resolved.sft.mode = envs.auto_sft_mode(env)
-        finally:
-            envs.return_env(make_env, env)
+        resolved.sft.mode = probe_sft_mode(resolved.env, make_env)
     resolved.algo = resolve_algorithm(resolved.algo, norm_length=resolved.rollout.max_new_tokens)
     validate(resolved)
     return resolved

@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 
 from agent_rl.config import Config
-from agent_rl.training.serving.envpool import failure_kind
+from agent_rl.training.infra.env_calls import failure_kind
 
 NONFINITE_STOP = 4
 """Optimizer steps in a row with a non-finite loss or gradient norm that stop a run."""
@@ -33,7 +33,7 @@ class FaultGuard:
         self.max_failed_share = config.trainer.max_failed_share
         self.console, self.how_to_go_on = console, how_to_go_on
         self.warned_blind_step_credit = False  # said once per run: it is the environment's nature, not an event
-        self.env_failure_kinds: set[str] = set()  # environment errors already printed (envpool.failure_kind)
+        self.env_failure_kinds: set[str] = set()  # environment errors already printed (env_calls.failure_kind)
         self.failing_streak = 0  # iterations running in which more than half of the trajectories failed
         self.nonfinite_streak = 0  # optimizer steps skipped for a non-finite loss or gradient since the last one taken
 

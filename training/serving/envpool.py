@@ -11,10 +11,9 @@ an :class:`EnvResult` (an :class:`OraclePlan` from ``oracle``) with ``failure`` 
 records the trajectory as failed. A dead actor is replaced by a fresh one, whose environments are
 rebuilt on their next reset.
 
-A call that hangs fails the same way once it passes the pool's time limit (``env.timeout_s``). A
-running Python call cannot be interrupted, so with a limit set the calls run on a daemon thread: the
-pool stops waiting for one over the limit, abandons its thread and its environment (rebuilt on the
-slot's next reset) and goes on with a new thread. An actor that stops answering altogether (a call
+A call that hangs fails the same way once it passes the pool's time limit (``env.timeout_s``;
+``agent_rl.training.infra.env_calls``): the pool stops waiting for it, abandons its environment
+(rebuilt on the slot's next reset) and goes on. An actor that stops answering altogether (a call
 stuck in native code that holds the GIL) is killed and replaced.
 """
 
@@ -22,19 +21,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import queue
-import threading
 import time
-import traceback
-from concurrent import futures
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
 import gymnasium as gym
 
 from agent_rl.envs.oracle import has_oracle, oracle_actions
 from agent_rl.envs.registration import make_text_env, return_env
+from agent_rl.training.infra.env_calls import TimedCalls, failure
 from agent_rl.training.infra.resolution import make_configured_env
 
 
@@ -127,58 +122,8 @@ def env_name(env: gym.Env) -> str:
     return env.spec.id if env.spec is not None else type(env.unwrapped).__name__
 
 
-FAILURE_FRAMES = 2
-"""Traceback frames an environment failure names, innermost last."""
-HIDDEN_PATHS = (str(Path(gym.__file__).parent), str(Path(futures.__file__).parent), oracle_actions.__code__.co_filename)
-"""Gymnasium's wrappers, the call thread's futures and the oracle's unwrapping: frames a user never wrote."""
-
-
-def _failure(exc: BaseException, call: str) -> str:
-    """``"ExceptionType: message (in call(); at file.py:12 in fn; ...)"``: what the environment raised,
-    in which call, and the last ``FAILURE_FRAMES`` frames of its traceback outside this module and
-    ``HIDDEN_PATHS``."""
-    frames = [
-        f
-        for f in traceback.extract_tb(exc.__traceback__)
-        if f.filename != __file__ and not f.filename.startswith(HIDDEN_PATHS)
-    ][-FAILURE_FRAMES:]
-    where = "; ".join(f"{Path(f.filename).name}:{f.lineno} in {f.name}" for f in frames)
-    return (
-        f"{traceback.format_exception_only(type(exc), exc)[-1].strip()} (in {call}(){'; at ' + where if where else ''})"
-    )
-
-
-def failure_kind(failure: str) -> str:
-    """A failure (:func:`_failure`) without its message: the exception type, the call and the frames,
-    so that one error repeated with other values counts as one kind."""
-    head, _, place = failure.rpartition(" (in ")
-    return f"{head.partition(':')[0]} (in {place}"
-
-
-class _CallThread:
-    """A daemon thread that runs environment calls one at a time, so that the caller can stop
-    waiting for one; a daemon, so that a call that never returns does not keep the process alive."""
-
-    def __init__(self):
-        self._calls: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._serve, name="agent-rl-env-calls", daemon=True).start()
-
-    def _serve(self) -> None:
-        while (call := self._calls.get()) is not None:
-            fn, future = call
-            try:
-                future.set_result(fn())
-            except BaseException as exc:  # the caller re-raises it, with its traceback
-                future.set_exception(exc)
-
-    def submit(self, fn: Callable[[], Any]) -> futures.Future:
-        future: futures.Future = futures.Future()
-        self._calls.put((fn, future))
-        return future
-
-    def retire(self) -> None:
-        """Let the thread end once its current call returns, if it ever does."""
-        self._calls.put(None)
+REBUILT = "the environment was abandoned and is rebuilt on the next reset"
+"""What becomes of a pool's environment whose call passed the time limit."""
 
 
 class LocalEnvPool:
@@ -190,33 +135,17 @@ class LocalEnvPool:
     def __init__(self, make_env: EnvFactory, n_envs: int, *, timeout_s: float | None = None):
         if n_envs < 1:
             raise ValueError(f"n_envs must be >= 1, got {n_envs}")
-        if timeout_s is not None and not timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0 seconds or None (no limit), got {timeout_s}")
+        self._timed = TimedCalls(timeout_s, consequence=REBUILT)
         self.make_env, self.n_envs, self.timeout_s = make_env, n_envs, timeout_s
         self._envs: list[gym.Env | None] = [None] * n_envs
-        self._calls: _CallThread | None = None  # started on the first timed call, ended by close()
-        self.abandoned = 0
         probe = make_env()  # a bad id or kwargs fail here, loudly
         self.env_id, self.has_oracle = env_name(probe), has_oracle(probe)
         return_env(make_env, probe)  # a RegisteredEnv gives it to slot 0
 
-    def _timed(self, fn: Callable[[], Any], call: str) -> Any:
-        """``fn()``, within the time limit when there is one: past it, a ``TimeoutError`` and a new
-        call thread (the old one stays with the call that does not return)."""
-        if self.timeout_s is None:
-            return fn()
-        if self._calls is None:
-            self._calls = _CallThread()
-        future = self._calls.submit(fn)
-        done, _ = futures.wait([future], timeout=self.timeout_s)
-        if not done:
-            self._calls.retire()
-            self._calls, self.abandoned = _CallThread(), self.abandoned + 1
-            raise TimeoutError(
-                f"{call}() gave no answer within {self.timeout_s:g} s (env.timeout_s); "
-                "the environment was abandoned and is rebuilt on the next reset"
-            )
-        return future.result()
+    @property
+    def abandoned(self) -> int:
+        """Calls that passed the time limit."""
+        return self._timed.abandoned
 
     def _reset_slot(self, slot: int, seed: int) -> EnvResult:
         if self._envs[slot] is None:
@@ -252,7 +181,7 @@ class LocalEnvPool:
                 results.append(self._timed(functools.partial(fn, slot, value), call))
             except Exception as exc:
                 self._envs[slot] = None
-                results.append(failed(failure=_failure(exc, call)))
+                results.append(failed(failure=failure(exc, call)))
         return results
 
     def reset(self, slots: Sequence[int], seeds: Sequence[int]) -> list[EnvResult]:
@@ -274,9 +203,7 @@ class LocalEnvPool:
                 except Exception:  # closing is best effort; the data is already recorded
                     pass
         self._envs = [None] * self.n_envs
-        if self._calls is not None:
-            self._calls.retire()
-            self._calls = None
+        self._timed.close()
 
 
 @contextlib.contextmanager
@@ -386,7 +313,7 @@ class RayEnvPool:
                         f"(env.timeout_s) and was replaced (in {method}())"
                     )
                 else:
-                    why = f"environment actor died: {_failure(exc, method)}"
+                    why = f"environment actor died: {failure(exc, method)}"
                 self.restarts += 1
                 self._actors[actor], self._started[actor] = self._new_actor(self._blocks[actor]), False
                 answers = [lost(why)] * len(per_actor[actor])
