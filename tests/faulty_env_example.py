@@ -6,7 +6,8 @@ Importing this module registers ``faulty/Lever-v0``: pull the lever (``pull``) t
 (the info of the step that starts turn 2 lists no admissible actions); ``nan_reward`` (the step of
 turn 1 returns a NaN reward); ``number_observation`` (``reset`` returns the observation 7);
 ``hang_at_2`` (the step of turn 2 sleeps for an hour, as a call to a dead backend would block);
-``spin_at_2`` (the step of turn 2 never returns from a regular expression, which holds the GIL).
+``spin_at_2`` (the step of turn 2 never returns from a regular expression, which holds the GIL);
+``build_raises`` and ``build_hangs`` (the constructor raises, or sleeps for an hour).
 
 ``faulty/PlannedLever-v0`` is the same lever with an oracle plan (``pull`` for each pull left), and
 more faults: ``oracle_raises`` (every ``oracle`` call raises) and ``oracle_hangs_at_<k>`` (the
@@ -23,6 +24,7 @@ import gymnasium as gym
 
 CRASH = "simulator crashed: lost connection to backend"
 ORACLE_CRASH = "planner crashed: search space exhausted"
+BUILD_CRASH = "backend unreachable"
 
 
 class Lever(gym.Env):
@@ -30,6 +32,10 @@ class Lever(gym.Env):
     calls = 0  # step calls in this process, for fault="sometimes"
 
     def __init__(self, fault: str = "never"):
+        if fault == "build_raises":
+            raise RuntimeError(BUILD_CRASH)
+        if fault == "build_hangs":
+            time.sleep(3600)
         self.fault = fault
 
     def reset(self, *, seed=None, options=None):

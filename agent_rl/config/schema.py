@@ -43,7 +43,8 @@ class EnvConfig:
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Constructor arguments passed to ``gymnasium.make(id, **kwargs)`` (difficulty knobs); empty uses
     the environment's own defaults. ``env.kwargs.KEY=VALUE`` sets one. Arguments the environment
-    refuses are a config error naming ``env.id`` and ``env.kwargs``."""
+    refuses, and a constructor that raises or passes ``env.timeout_s``, are a config error naming
+    ``env.id`` and ``env.kwargs`` (and the error) before the run starts."""
     imports: list[str] = field(default_factory=list)
     """Modules imported before ``gymnasium.make``; importing them registers user environments."""
     anchor_key: str | None = None

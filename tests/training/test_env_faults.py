@@ -21,6 +21,7 @@ from agent_rl.training.loop.guards import EnvironmentFailures
 from agent_rl.training.loop.sft import collect_demonstrations
 from agent_rl.training.loop.trainer import train
 from agent_rl.training.models.policy import load_tokenizer, policy_dir
+from agent_rl.training.serving.envpool import env_factory
 
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))
@@ -232,6 +233,34 @@ def test_an_oracle_that_raises_or_hangs_fails_its_trajectory_under_progress_shap
     ):
         train(load_config(overrides=overrides(tmp_path / "run", fault, *extra, "env.timeout_s=0.3")), console=console)
     assert f"environment error in faulty/PlannedLever-v0: {error}" in console.file.getvalue()
+
+
+BUILD_LINE = faulty_env_example.Lever.__init__.__code__.co_firstlineno + 2  # the line that raises
+
+
+@pytest.mark.parametrize(
+    "fault, error",
+    [
+        (
+            "build_raises",
+            f"RuntimeError: {faulty_env_example.BUILD_CRASH} (in gymnasium.make(); at faulty_env_example.py:"
+            f"{BUILD_LINE} in __init__)",
+        ),
+        (
+            "build_hangs",
+            "TimeoutError: gymnasium.make() gave no answer within 0.3 s (env.timeout_s); the environment was "
+            "abandoned (in gymnasium.make())",
+        ),
+    ],
+)
+def test_an_environment_that_raises_or_hangs_while_it_is_built_is_a_config_error_naming_the_keys(fault, error):
+    config = load_config(overrides=["env.id=faulty/Lever-v0", f"env.kwargs={{fault: {fault}}}", "env.timeout_s=0.3"])
+    with pytest.raises(ConfigError) as raised:
+        env_factory(config)
+    assert str(raised.value) == (
+        f"config keys 'env.id' and 'env.kwargs': gymnasium.make('faulty/Lever-v0', **{{'fault': '{fault}'}}) "
+        f"failed: {error}"
+    )
 
 
 def probe_failure(error: str) -> str:

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import gymnasium as gym
 
 from agent_rl.envs.oracle import oracle_actions
+from agent_rl.envs.registration import make_text_env
 
 FAILURE_FRAMES = 2
 """Traceback frames an environment failure names, innermost last."""
@@ -26,10 +27,11 @@ HIDDEN_PATHS = (
     str(Path(gym.__file__).parent),
     str(Path(futures.__file__).parent),
     oracle_actions.__code__.co_filename,
+    make_text_env.__code__.co_filename,
     str(Path(__file__).resolve().parents[1]),
 )
-"""Gymnasium's wrappers, the call thread's futures, the oracle's unwrapping and this library's
-training code (pools, probes): frames a user never wrote."""
+"""Gymnasium's wrappers, the call thread's futures, the oracle's unwrapping, the registry's build and
+this library's training code (pools, probes): frames a user never wrote."""
 
 
 def failure(exc: BaseException, call: str) -> str:
@@ -107,3 +109,9 @@ class TimedCalls:
         if self._thread is not None:
             self._thread.retire()
             self._thread = None
+
+    def __enter__(self) -> TimedCalls:
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.close()

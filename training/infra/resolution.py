@@ -28,9 +28,10 @@ def vllm_available() -> bool:
 
 
 def make_configured_env(env: EnvConfig) -> Any:
-    """``gymnasium.make(env.id, **env.kwargs)`` after importing ``env.imports``. An id that names no
-    registered environment (or a ``module:`` that does not import) and an environment that refuses
-    its kwargs raise a :class:`ConfigError` naming the keys."""
+    """``gymnasium.make(env.id, **env.kwargs)`` after importing ``env.imports``, within ``env.timeout_s``.
+    An id that names no registered environment (or a ``module:`` that does not import), and an
+    environment that refuses its kwargs, raises while it is built or passes the time limit, raise a
+    :class:`ConfigError` naming the keys (and the error, with the user's frames)."""
     import gymnasium as gym
 
     try:
@@ -45,11 +46,12 @@ def make_configured_env(env: EnvConfig) -> Any:
             "or import that module with env.imports=[module] or --import)"
         )
     try:
-        return envs.make_text_env(env.id, env.kwargs)
-    except (TypeError, ValueError) as exc:
+        with TimedCalls(env.timeout_s) as calls:
+            return calls(lambda: envs.make_text_env(env.id, env.kwargs), "gymnasium.make")
+    except Exception as exc:
         raise ConfigError(
             f"config keys 'env.id' and 'env.kwargs': gymnasium.make({env.id!r}, **{env.kwargs!r}) failed: "
-            f"{type(exc).__name__}: {exc}"
+            f"{failure(exc, 'gymnasium.make')}"
         ) from None
 
 
@@ -65,9 +67,9 @@ def probe_sft_mode(env: EnvConfig, make_env: Callable[[], Any] | None = None) ->
         built.append(make_env() if make_env is not None else make_configured_env(env))
         return envs.auto_sft_mode(built[0])
 
-    calls = TimedCalls(env.timeout_s)
     try:
-        mode = calls(choose, "auto_sft_mode")
+        with TimedCalls(env.timeout_s) as calls:
+            mode = calls(choose, "auto_sft_mode")
     except ConfigError:
         raise
     except Exception as exc:
@@ -76,8 +78,6 @@ def probe_sft_mode(env: EnvConfig, make_env: Callable[[], Any] | None = None) ->
             f"reset(seed=0), then its oracle() when it has one), and the environment failed: "
             f"{failure(exc, 'auto_sft_mode')}; fix it, or set sft.mode to oracle, random or none"
         ) from None
-    finally:
-        calls.close()
     envs.return_env(make_env, built[0])
     return mode
 
