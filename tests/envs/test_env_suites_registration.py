@@ -94,6 +94,17 @@ def test_play_refuses_a_network_data_game_clearly(monkeypatch, capsys):
     assert "Traceback" not in out
 
 
+def test_train_refuses_a_network_data_game_with_a_config_error_before_the_run_starts(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert main(["train", "env.id=textarena/Wordle-v0", f"trainer.run_dir={run_dir}", "engine=hf"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "agent-rl: error: config keys 'env.id' and 'env.kwargs': gymnasium.make('textarena/Wordle-v0', **{}) "
+        "failed: agent_rl.envs.base.EnvUnavailableError: textarena/Wordle-v0 is not available offline"
+    )
+    assert "Traceback" not in err and not run_dir.exists()
+
+
 @pytest.mark.skipif(shutil.which("java") is None, reason="ScienceWorld needs Java")
 def test_play_scienceworld(monkeypatch, capsys):
     code, out = _run(
