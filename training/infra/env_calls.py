@@ -51,6 +51,12 @@ def failure_kind(failure: str) -> str:
     return f"{head.partition(':')[0]} (in {place}"
 
 
+def check_time_limit(timeout_s: float | None) -> None:
+    """A call time limit is > 0 seconds, or None for no limit."""
+    if timeout_s is not None and not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0 seconds or None (no limit), got {timeout_s}")
+
+
 class _CallThread:
     """A daemon thread that runs calls one at a time, so that the caller can stop waiting for one."""
 
@@ -82,8 +88,7 @@ class TimedCalls:
     of the timeout's message); ``abandoned`` counts those calls."""
 
     def __init__(self, timeout_s: float | None, *, consequence: str = "the environment was abandoned"):
-        if timeout_s is not None and not timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0 seconds or None (no limit), got {timeout_s}")
+        check_time_limit(timeout_s)
         self.timeout_s, self.consequence = timeout_s, consequence
         self.abandoned = 0
         self._thread: _CallThread | None = None  # started on the first call, ended by close()

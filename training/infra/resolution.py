@@ -61,15 +61,14 @@ def probe_sft_mode(env: EnvConfig, make_env: Callable[[], Any] | None = None) ->
     method) or, without one, of :func:`make_configured_env`. Building and probing it is one call under
     ``env.timeout_s``; an environment that raises or hangs there is a :class:`ConfigError` that names
     the key, the error and the user's frames, and a hung one is abandoned."""
-    built = []
 
-    def choose() -> str:
-        built.append(make_env() if make_env is not None else make_configured_env(env))
-        return envs.auto_sft_mode(built[0])
+    def build_and_probe() -> tuple[Any, str]:
+        probed = make_env() if make_env is not None else make_configured_env(env)
+        return probed, envs.auto_sft_mode(probed)
 
     try:
         with TimedCalls(env.timeout_s) as calls:
-            mode = calls(choose, "auto_sft_mode")
+            probed, mode = calls(build_and_probe, "auto_sft_mode")
     except ConfigError:
         raise
     except Exception as exc:
@@ -78,7 +77,7 @@ def probe_sft_mode(env: EnvConfig, make_env: Callable[[], Any] | None = None) ->
             f"reset(seed=0), then its oracle() when it has one), and the environment failed: "
             f"{failure(exc, 'auto_sft_mode')}; fix it, or set sft.mode to oracle, random or none"
         ) from None
-    envs.return_env(make_env, built[0])
+    envs.return_env(make_env, probed)
     return mode
 
 

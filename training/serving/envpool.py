@@ -29,7 +29,7 @@ import gymnasium as gym
 
 from agent_rl.envs.oracle import has_oracle, oracle_actions
 from agent_rl.envs.registration import make_text_env, return_env
-from agent_rl.training.infra.env_calls import TimedCalls, failure
+from agent_rl.training.infra.env_calls import TimedCalls, check_time_limit, failure
 from agent_rl.training.infra.resolution import make_configured_env
 
 
@@ -250,8 +250,7 @@ class RayEnvPool:
 
         if n_envs < 1 or n_actors < 1:
             raise ValueError(f"n_envs and n_actors must be >= 1, got {n_envs} and {n_actors}")
-        if timeout_s is not None and not timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0 seconds or None (no limit), got {timeout_s}")
+        check_time_limit(timeout_s)
         probe = make_env()  # a bad id or kwargs fail here, not in an actor
         self.env_id, self.has_oracle = env_name(probe), has_oracle(probe)
         probe.close()
