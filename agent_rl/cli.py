@@ -23,10 +23,19 @@ def _report_errors(run):
     """Run a training command; known user errors print one line instead of a traceback."""
     from agent_rl.config import ConfigError
     from agent_rl.training.infra.checkpoint import CheckpointError
+    from agent_rl.training.infra.env_calls import EnvBuildError
 
     try:
         return run()
-    except (ConfigError, CheckpointError, FileNotFoundError, FileExistsError, ImportError, ValueError) as exc:
+    except (
+        ConfigError,
+        CheckpointError,
+        EnvBuildError,
+        FileNotFoundError,
+        FileExistsError,
+        ImportError,
+        ValueError,
+    ) as exc:
         print(f"agent-rl: error: {exc}", file=sys.stderr)
         return 2
 

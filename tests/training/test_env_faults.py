@@ -15,6 +15,7 @@ import pytest
 from rich.console import Console
 
 from agent_rl.config import ConfigError, RolloutConfig, load_config
+from agent_rl.training.infra.env_calls import EnvBuildError
 from agent_rl.training.infra.logger import read_metrics
 from agent_rl.training.infra.resolution import resolve
 from agent_rl.training.loop.guards import EnvironmentFailures
@@ -328,4 +329,25 @@ def test_a_contract_breach_at_the_second_step_stops_the_cli_with_its_message(tmp
         tmp_path / "run",
         "nan_reward",
         "ContractError: step() returned the reward nan, not a finite number, at turn 1 (in step())",
+    )
+
+
+@pytest.mark.parametrize("fault", ["build_raises", "build_hangs"])
+def test_a_factory_given_to_train_that_raises_or_hangs_is_an_error_naming_it_whatever_the_sft_mode(tmp_path, fault):
+    def make_env():
+        return faulty_env_example.Lever(fault=fault)
+
+    config = load_config(overrides=[*overrides(tmp_path / "run", "never"), "env.timeout_s=0.3", "sft.mode=none"])
+    with pytest.raises(EnvBuildError) as raised:
+        train(config, make_env=make_env)
+    here = f"test_env_faults.py:{make_env.__code__.co_firstlineno + 1} in make_env"
+    build = f"faulty_env_example.py:{BUILD_LINE} in __init__"
+    assert (
+        str(raised.value)
+        == "the environment factory failed: "
+        + {
+            "build_raises": f"RuntimeError: {faulty_env_example.BUILD_CRASH} (in make_env(); at {here}; {build})",
+            "build_hangs": "TimeoutError: make_env() gave no answer within 0.3 s (env.timeout_s); the environment was "
+            "abandoned (in make_env())",
+        }[fault]
     )

@@ -12,7 +12,7 @@ import pytest
 
 from agent_rl.config import RolloutConfig
 from agent_rl.envs import register_text_env
-from agent_rl.training.infra.env_calls import failure_kind
+from agent_rl.training.infra.env_calls import EnvBuildError, failure_kind
 from agent_rl.training.loop.rollout import collect_rollouts
 from agent_rl.training.serving.envpool import LocalEnvPool, OraclePlan, RayEnvPool, RegisteredEnv
 
@@ -76,7 +76,8 @@ def test_local_pool_isolates_failures_and_rebuilds_environments():
 
 
 def test_local_pool_rejects_bad_ids_up_front():
-    with pytest.raises(gym.error.Error, match="Missing"):
+    failed = r"^the environment factory failed: gymnasium\.error\.NameNotFound: .*Missing.* \(in make_env\(\)\)$"
+    with pytest.raises(EnvBuildError, match=failed):
         LocalEnvPool(RegisteredEnv("test_pool/Missing-v0"), 1)
     with pytest.raises(ValueError, match="n_envs"):
         LocalEnvPool(RegisteredEnv("test_pool/Flaky-v0"), 0)
@@ -146,7 +147,7 @@ def test_ray_pool_gives_the_same_rollouts_as_the_local_pool(ray_local, tokenizer
 @pytest.mark.ray
 @pytest.mark.slow
 def test_ray_pool_recovers_a_killed_actor(ray_local):
-    with pytest.raises(ValueError, match="n_locked_doors"):
+    with pytest.raises(EnvBuildError, match="n_locked_doors"):
         RayEnvPool(RegisteredEnv("agent_rl/Maze-v0", {"n_rooms": 4, "n_locked_doors": 2}), 4)
     pool = RayEnvPool(RegisteredEnv("agent_rl/Maze-v0", {"n_rooms": 4, "n_locked_doors": 1}), 4, n_actors=2)
     try:

@@ -57,6 +57,23 @@ def check_time_limit(timeout_s: float | None) -> None:
         raise ValueError(f"timeout_s must be > 0 seconds or None (no limit), got {timeout_s}")
 
 
+class EnvBuildError(RuntimeError):
+    """An environment factory that raised, or passed the time limit, when a pool built its first
+    environment."""
+
+
+def build_env(make_env: Callable[[], Any], timeout_s: float | None) -> Any:
+    """``make_env()`` within ``timeout_s``: a factory that raises or hangs is an :class:`EnvBuildError`
+    naming its failure (:func:`failure`); a hung one is abandoned."""
+    calls = TimedCalls(timeout_s)
+    try:
+        return calls(make_env, "make_env")
+    except Exception as exc:
+        raise EnvBuildError(f"the environment factory failed: {failure(exc, 'make_env')}") from exc
+    finally:
+        calls.close()
+
+
 class _CallThread:
     """A daemon thread that runs calls one at a time, so that the caller can stop waiting for one."""
 

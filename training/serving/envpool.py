@@ -29,7 +29,7 @@ import gymnasium as gym
 
 from agent_rl.envs.oracle import has_oracle, oracle_actions
 from agent_rl.envs.registration import make_text_env, return_env
-from agent_rl.training.infra.env_calls import TimedCalls, check_time_limit, failure
+from agent_rl.training.infra.env_calls import TimedCalls, build_env, failure
 from agent_rl.training.infra.resolution import make_configured_env
 
 
@@ -138,7 +138,7 @@ class LocalEnvPool:
         self._timed = TimedCalls(timeout_s, consequence=REBUILT)
         self.make_env, self.n_envs, self.timeout_s = make_env, n_envs, timeout_s
         self._envs: list[gym.Env | None] = [None] * n_envs
-        probe = make_env()  # a bad id or kwargs fail here, loudly
+        probe = build_env(make_env, timeout_s)  # a factory that raises or hangs fails here, loudly
         self.env_id, self.has_oracle = env_name(probe), has_oracle(probe)
         return_env(make_env, probe)  # a RegisteredEnv gives it to slot 0
 
@@ -250,8 +250,7 @@ class RayEnvPool:
 
         if n_envs < 1 or n_actors < 1:
             raise ValueError(f"n_envs and n_actors must be >= 1, got {n_envs} and {n_actors}")
-        check_time_limit(timeout_s)
-        probe = make_env()  # a bad id or kwargs fail here, not in an actor
+        probe = build_env(make_env, timeout_s)  # a factory that raises or hangs fails here, not in an actor
         self.env_id, self.has_oracle = env_name(probe), has_oracle(probe)
         probe.close()
         if not ray.is_initialized():
