@@ -3,7 +3,7 @@
 It checks and measures, in about 8 minutes on one GPU:
 - the GPU's bf16 and fp32 matrix-product peaks (square products, mean of the timed repeats);
 - engine-vs-learner logprob parity (:func:`parity`): the hf engine samples completions of chat
-  prompts and the learner (``agent_rl.training.loop.logprobs.sequence_logprobs``) scores them again, both in
+  prompts and the learner (``agent_rl.training.serving.logprobs.sequence_logprobs``) scores them again, both in
   the library's bf16 (bf16 body, float32 output head), both under plain bf16 autocast, and both in
   float32 (the control), with what each gap does to an update's importance ratios;
 - a short RL run of the policy (SmolLM2-135M-Instruct by default) on Sokoban with the hf engine and
@@ -117,7 +117,7 @@ def scored(
     temperature 1 under ``precision``, the engine's, and the mask of real tokens; all ``(rows, T)``.
     With ``rows_per_pass``, the learner scores that many shuffled rows at a time, as an update's
     micro-batches hold other rows (other padding, other shared prefixes) than one pass over all."""
-    from agent_rl.training.loop.logprobs import sequence_logprobs
+    from agent_rl.training.serving.logprobs import sequence_logprobs
 
     flat_prompts = [p for p, group in zip(prompts, completions) for _ in group]
     flat = [c for group in completions for c in group]

@@ -24,11 +24,11 @@ from rich.console import Console
 
 from agent_rl.benchmarks.common import write_result
 from agent_rl.training.infra.resolution import vllm_available
-from agent_rl.training.loop.logprobs import sequence_logprobs
 from agent_rl.training.models.gguf import file_sha256, gguf_policy_dir
 from agent_rl.training.models.known import model_file
 from agent_rl.training.models.policy import load_policy
 from agent_rl.training.serving.engines import HFEngine, SamplingParams, make_engine
+from agent_rl.training.serving.logprobs import sequence_logprobs
 
 NAME = "smollm2-135m-instruct"
 QUESTIONS = [

@@ -146,6 +146,17 @@ class RolloutConfig:
     """Sampling temperature; below 1, samples stay closer to the greedy policy that is evaluated."""
     top_p: float = 1.0
     """Nucleus sampling mass; keep 1.0 for on-policy RL (the learner does not renormalize)."""
+    action_mode: Literal["generate", "admissible"] = "generate"
+    """How the policy plays a turn. ``generate`` (default): it writes a reply and the parser reads the
+    action from it. ``admissible``: where the environment lists ``admissible_actions``, the policy
+    chooses one of them by its own probability of writing each (the summed token logprobs of each
+    action's reply at ``temperature``, normalized over the list; the most probable one when greedy),
+    as GLAM (Carta et al., 2023) does, so no turn is invalid and every action the game offers can be
+    sampled however few the policy would write unprompted (an item name it never learned to copy);
+    the chosen reply's tokens are learned as if generated. ``top_p`` and ``max_new_tokens`` do not
+    apply to such turns; turns without a list are generated. Each turn scores every listed action,
+    a forward pass of the policy per action in this process (the prompt forwarded once), whichever
+    engine generates."""
     explore_rate: float = 0.0
     """Probability that a training turn plays a uniformly random admissible action in place of the
     policy's reply (turns whose environment lists no ``admissible_actions`` always play the policy's).

@@ -7,9 +7,9 @@ import copy
 import pytest
 import torch
 
-from agent_rl.training.loop.logprobs import sequence_logprobs
 from agent_rl.training.models.policy import load_policy
 from agent_rl.training.serving.engines import HFEngine, SamplingParams
+from agent_rl.training.serving.logprobs import sequence_logprobs
 
 pytestmark = pytest.mark.ray
 

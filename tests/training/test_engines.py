@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from agent_rl.training.loop.logprobs import sequence_logprobs
 from agent_rl.training.serving.engines import HFEngine, SamplingParams, make_engine
+from agent_rl.training.serving.logprobs import sequence_logprobs
 
 TOLERANCE = 1e-3  # max abs logprob difference, float32
 
@@ -189,6 +189,25 @@ def test_engine_and_sampling_arguments_are_validated(policy):
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 
+def test_engines_score_continuations_with_the_policy_they_serve(policy, prompts):
+    model, tokenizer = policy
+    continuations = [prompts[(i + 1) % len(prompts)][:3] for i in range(len(prompts))]
+    engine = HFEngine(model, tokenizer, max_batch_size=2)  # three forward passes, as one would score
+    logp, mask = sequence_logprobs(model, prompts, continuations, 0.7)
+    scored = engine.score(prompts, continuations, 0.7)
+    assert [len(s) for s in scored] == [len(c) for c in continuations]
+    for row, values in enumerate(scored):
+        np.testing.assert_allclose(values, logp[row][mask[row].bool()].detach().numpy(), atol=1e-6)
+    new_model = perturbed(model, seed=0)
+    engine.update_weights(new_model)
+    new_logp, _ = sequence_logprobs(new_model, prompts[:1], continuations[:1], 0.7)
+    np.testing.assert_allclose(
+        engine.score(prompts[:1], continuations[:1], 0.7)[0], new_logp[0].detach().numpy(), atol=1e-6
+    )
+    with pytest.raises(ValueError, match="prompt 0 is empty"):
+        engine.score([[]], [[1]], 1.0)
+
+
 @pytest.fixture(scope="module")
 def vllm_engine(policy):
     model, tokenizer = policy
@@ -227,6 +246,9 @@ def test_vllm_logprobs_match_the_training_model_then_follow_weight_updates(polic
     completions = vllm_engine.generate(prompts, 3, SamplingParams(1.0, 1.0, 12))
     assert max_logprob_gap(new_model, prompts, completions, 1.0) < TOLERANCE
     assert max_logprob_gap(model, prompts, completions, 1.0) > 1e-2
+    hf_scores = HFEngine(new_model, tokenizer).score(prompts, prompts[::-1], 0.7)  # scoring follows too
+    for vllm_score, hf_score in zip(vllm_engine.score(prompts, prompts[::-1], 0.7), hf_scores):
+        np.testing.assert_allclose(vllm_score, hf_score, atol=1e-6)
     new_greedy = vllm_engine.generate(prompts, 1, greedy)
     assert [g[0].token_ids for g in new_greedy] == [
         g[0].token_ids for g in HFEngine(new_model, tokenizer).generate(prompts, 1, greedy)

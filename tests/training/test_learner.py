@@ -18,8 +18,8 @@ from agent_rl.core.batch import StepBatch
 from agent_rl.core.losses import LossSpec
 from agent_rl.training.infra.resolution import resolve
 from agent_rl.training.loop.learner import Learner, accumulate_policy_gradient, minibatch_count, step_scale, warmup_lr
-from agent_rl.training.loop.logprobs import recompute_logprobs, response_logits, sequence_logprobs
 from agent_rl.training.loop.micro_batches import merge_repeated_rows, plan_micro_batches
+from agent_rl.training.serving.logprobs import recompute_logprobs, response_logits, sequence_logprobs
 
 # ---- teacher-forced logprobs (response_logits, sequence_logprobs) --------------------------------------------------
 

@@ -249,8 +249,8 @@ def test_smollm2_policy_gradient_step_moves_logprobs_the_advantages_way(smollm2)
 
     from agent_rl.core.losses import LOSS_PRESETS, LossSpec
     from agent_rl.training.loop.learner import accumulate_policy_gradient
-    from agent_rl.training.loop.logprobs import sequence_logprobs
     from agent_rl.training.serving.engines import HFEngine, SamplingParams
+    from agent_rl.training.serving.logprobs import sequence_logprobs
 
     model, tokenizer = smollm2
     learner = copy.deepcopy(model).train()

@@ -12,8 +12,8 @@ from agent_rl.envs import AUTO_SFT_REASONS
 from agent_rl.training.infra import distributed
 from agent_rl.training.infra.distributed import bf16_supported, check_precision, forward_precision
 from agent_rl.training.loop.learner import accumulate_policy_gradient
-from agent_rl.training.loop.logprobs import sequence_logprobs
 from agent_rl.training.serving.engines import HFEngine, SamplingParams
+from agent_rl.training.serving.logprobs import sequence_logprobs
 
 CPU = torch.device("cpu")
 BF16_TOLERANCE = 0.05

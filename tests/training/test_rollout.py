@@ -15,16 +15,18 @@ from hypothesis import strategies as st
 from agent_rl.config import RolloutConfig
 from agent_rl.envs import register_text_env
 from agent_rl.training.loop.evaluation import evaluate
-from agent_rl.training.loop.logprobs import sequence_logprobs
 from agent_rl.training.loop.rollout import (
     action_entropy,
+    choose_in_segments,
     collect_rollouts,
     next_replay_share,
     overlong_shaping,
     replay_depths,
 )
+from agent_rl.training.models.prompts import PromptFormat
 from agent_rl.training.serving.engines import Completion, HFEngine, SamplingParams
 from agent_rl.training.serving.envpool import RegisteredEnv
+from agent_rl.training.serving.logprobs import sequence_logprobs
 
 
 def one_round(**kwargs) -> RolloutConfig:
@@ -414,6 +416,112 @@ def test_exploration_leaves_turns_without_admissible_actions_to_the_policy(polic
     )
     assert len(batch) == 24 and not batch.extras["explored"].any() and stats["explored_rate"] == 0.0
     assert sum(size for size, _ in engine.calls) == 24
+
+
+def test_choose_in_segments_by_hand():
+    scores, counts = np.array([0.0, 2.0, 1.0, 5.0, 3.0, 3.0]), [3, 1, 2]
+    np.testing.assert_array_equal(choose_in_segments(scores, counts, None), [1, 3, 4])  # ties: the first listed
+    rng = np.random.default_rng(0)
+    draws = np.array([choose_in_segments(np.log([1.0, 3.0, 6.0]), [3], rng)[0] for _ in range(20_000)])
+    np.testing.assert_allclose(np.bincount(draws, minlength=3) / draws.size, [0.1, 0.3, 0.6], atol=0.012)
+    assert choose_in_segments(np.zeros(0), [], rng).size == 0
+    with pytest.raises(ValueError, match="at least one score"):
+        choose_in_segments(np.zeros(2), [2, 0], None)
+    with pytest.raises(ValueError, match="cover all 3 scores"):
+        choose_in_segments(np.zeros(3), [2], None)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.lists(st.floats(-50, 50), min_size=1, max_size=6), min_size=1, max_size=8), st.integers(0, 9))
+def test_each_choice_lies_in_its_own_run_and_greedy_takes_its_largest(runs, seed):
+    scores, counts = np.concatenate([np.array(r) for r in runs]), [len(r) for r in runs]
+    starts = np.cumsum(counts) - counts
+    for rng in (None, np.random.default_rng(seed)):
+        picks = choose_in_segments(scores, counts, rng)
+        assert ((starts <= picks) & (picks < starts + counts)).all()
+    greedy = choose_in_segments(scores, counts, None)
+    assert [scores[i] for i in greedy] == [max(r) for r in runs]
+
+
+def test_admissible_mode_plays_listed_actions_with_the_policys_own_logprobs(policy):
+    model, tokenizer = policy
+    env = RegisteredEnv("test_rollout/Coin-v0", {"steps": 3})
+    config = one_round(n_groups=2, group_size=4, max_turns=3, action_mode="admissible", temperature=0.7)
+    batch, stats = collect_rollouts(env, HFEngine(model, tokenizer), tokenizer, config, np.random.default_rng(5))
+    check_batch_invariants(batch, config)
+    replay_matches(batch, "test_rollout/Coin-v0", {"steps": 3})
+    assert len(batch) == 24 and set(batch.action) <= {"heads", "tails"} and batch.action_valid.all()
+    assert stats["invalid_action_rate"] == 0.0 and not batch.extras["explored"].any()
+    eos = tokenizer.eos_token_id
+    for i in range(len(batch)):
+        assert batch.response_ids[i].tolist() == tokenizer(batch.action[i], add_special_tokens=False)["input_ids"] + [
+            eos
+        ]
+    # Their logprobs are the learner's at the sampling temperature: the ratio starts at 1.
+    logp, mask = sequence_logprobs(model, batch.prompt_ids, batch.response_ids, 0.7)
+    for i in range(len(batch)):
+        np.testing.assert_allclose(batch.old_logprobs[i], logp[i][mask[i].bool()].detach().numpy(), atol=1e-5)
+    # The seed stream is the generating mode's, and a rerun chooses the same.
+    generated, _ = collect_rollouts(
+        env,
+        ScriptedEngine(tokenizer),
+        tokenizer,
+        dataclasses.replace(config, action_mode="generate"),
+        np.random.default_rng(5),
+    )
+    np.testing.assert_array_equal(generated.extras["seed"], batch.extras["seed"])
+    again, _ = collect_rollouts(env, HFEngine(model, tokenizer), tokenizer, config, np.random.default_rng(5))
+    assert list(again.action) == list(batch.action)
+
+
+def test_admissible_mode_greedy_plays_the_action_the_policy_most_likely_writes(policy):
+    model, tokenizer = policy
+    config = RolloutConfig(max_turns=1, action_mode="admissible")
+    stats = evaluate(
+        RegisteredEnv("test_rollout/Coin-v0"),
+        HFEngine(model, tokenizer),
+        tokenizer,
+        [0, 1],
+        config=config,
+        transcripts=2,
+    )
+    env = CoinEnv()
+    for seed, played in zip([0, 1], stats["transcripts"]):
+        observation, info = env.reset(seed=seed)
+        prompt = PromptFormat.from_rollout(config).prompt_ids(
+            tokenizer, "say heads", [], observation, ["heads", "tails"]
+        )
+        replies = [
+            tokenizer(w, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for w in ("heads", "tails")
+        ]
+        logp, _ = sequence_logprobs(model, [prompt, prompt], replies, 1.0)
+        assert played["actions"] == [("heads", "tails")[int(logp.sum(dim=1).argmax())]]
+    assert stats["invalid_action_rate"] == 0.0
+
+
+class ScoringScriptedEngine(ScriptedEngine):
+    """ScriptedEngine with a ``score`` that must not be called."""
+
+    def score(self, prompts_token_ids, continuations_token_ids, temperature):
+        raise AssertionError("no admissible list, nothing to score")
+
+
+def test_admissible_mode_generates_where_no_list_is_given_and_needs_an_engine_that_scores(policy):
+    _, tokenizer = policy
+    engine = ScoringScriptedEngine(tokenizer)
+    config = one_round(n_groups=2, group_size=2, max_turns=2, action_mode="admissible")
+    batch, _ = collect_rollouts(lambda: UnlistedCoinEnv(steps=2), engine, tokenizer, config, np.random.default_rng(0))
+    assert len(batch) == 8 and sum(size for size, _ in engine.calls) == 8
+    with pytest.raises(
+        ValueError, match=r"action_mode=admissible scores .* engine.score\(\), and ScriptedEngine has none"
+    ):
+        collect_rollouts(
+            RegisteredEnv("test_rollout/Coin-v0"),
+            ScriptedEngine(tokenizer),
+            tokenizer,
+            config,
+            np.random.default_rng(0),
+        )
 
 
 class PlannedCoinEnv(CoinEnv):

@@ -21,12 +21,10 @@ from agent_rl.training.loop.rollout import (
     SEED_HIGH,
     Episode,
     PlayStats,
-    PolicyActor,
     episode_stats,
     play_episodes,
-    sampling_params,
+    policy_actor,
 )
-from agent_rl.training.models.prompts import PromptFormat
 from agent_rl.training.serving.engines import Engine, engine_from_config
 from agent_rl.training.serving.envpool import EnvFactory, EnvPool, env_factory, env_pool
 
@@ -57,7 +55,7 @@ def evaluate(
         raise ValueError("evaluate needs at least one seed")
     config = config or RolloutConfig()
     play = PlayStats()
-    actor = PolicyActor(engine, tokenizer, PromptFormat.from_rollout(config), sampling_params(config, greedy), play)
+    actor = policy_actor(engine, tokenizer, config, play, greedy=greedy, seeds=seeds)
     start = time.perf_counter()
     with env_pool(envs, len(seeds)) as pool:
         episodes = play_episodes(pool, actor, seeds, range(len(seeds)), config, play, progress)

@@ -1,7 +1,7 @@
 """The learner: the PPO-style policy-gradient update of one iteration.
 
 - ``accumulate_policy_gradient``: one minibatch's gradient, micro-batch by micro-batch
-  (``agent_rl.training.loop.micro_batches`` plans them, ``agent_rl.training.loop.logprobs``
+  (``agent_rl.training.loop.micro_batches`` plans them, ``agent_rl.training.serving.logprobs``
   forwards them); it does not depend on the split.
 - :class:`Learner`: epochs of shuffled minibatches, one AdamW step each, gradients summed over
   data-parallel ranks.
@@ -23,7 +23,6 @@ from agent_rl.core.batch import StepBatch
 from agent_rl.core.losses import LossSpec, combine_loss_metrics
 from agent_rl.training.infra.checkpoint import load_model_weights
 from agent_rl.training.infra.distributed import DistContext, all_reduce_gradients, broadcast_flag, broadcast_ragged
-from agent_rl.training.loop.logprobs import recompute_logprobs, response_logits, sequence_logprobs
 from agent_rl.training.loop.micro_batches import (
     forwarded_tokens,
     learnable_rows,
@@ -31,6 +30,7 @@ from agent_rl.training.loop.micro_batches import (
     plan_micro_batches,
 )
 from agent_rl.training.models.policy import is_lora
+from agent_rl.training.serving.logprobs import recompute_logprobs, response_logits, sequence_logprobs
 
 
 def _pad(rows: list[np.ndarray], width: int, device: torch.device) -> torch.Tensor:

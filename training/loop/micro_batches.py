@@ -16,7 +16,7 @@ from agent_rl.training.models.prefix_sharing import distinct_rests, shared_prefi
 def forwarded_tokens(
     batches: list[np.ndarray], prompts: list[np.ndarray], prompt_lengths: np.ndarray, response_lengths: np.ndarray
 ) -> int:
-    """Tokens ``response_logits`` (``agent_rl.training.loop.logprobs``) forwards for ``batches``: the
+    """Tokens ``response_logits`` (``agent_rl.training.serving.logprobs``) forwards for ``batches``: the
     shared prefix once, each distinct rest of a prompt once padded to the longest, then every row's
     response but its last token, padded to the longest."""
     total = 0

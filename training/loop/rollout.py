@@ -168,13 +168,93 @@ class PolicyActor:
         return moves
 
 
+def choose_in_segments(scores: np.ndarray, counts: Sequence[int], rng: np.random.Generator | None) -> np.ndarray:
+    """For each run of ``counts`` consecutive ``scores`` (log-weights), the index (into ``scores``) of
+    one drawn with probability ``softmax`` over its run (Gumbel-max with ``rng``), or of its largest
+    (the first of equals) when ``rng`` is None."""
+    scores, counts = np.asarray(scores, dtype=np.float64), np.asarray(counts, dtype=np.int64)
+    if counts.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if (counts < 1).any() or counts.sum() != scores.size:
+        raise ValueError(f"each run needs at least one score and the runs must cover all {scores.size} scores")
+    keys = scores if rng is None else scores + rng.gumbel(size=scores.size)
+    run = np.repeat(np.arange(counts.size), counts)
+    order = np.lexsort((np.arange(scores.size), -keys, run))  # per run: largest key first, then listed first
+    return order[np.cumsum(counts) - counts]
+
+
+class ChoosingActor:
+    """``rollout.action_mode=admissible``: on each turn of an episode whose environment lists
+    admissible actions, the policy plays one of them, drawn by its own probability of writing each
+    reply (``engine.score``: the summed logprobs of the reply's tokens at the sampling temperature,
+    softmax over the list; the largest when greedy, scored at temperature 1 as greedy generation
+    reports). The move carries the chosen reply's tokens and their logprobs, as a generated one does.
+    Episodes without a list are the policy's to generate."""
+
+    def __init__(self, policy: PolicyActor, rng: np.random.Generator):
+        if not callable(getattr(policy.engine, "score", None)):
+            raise ValueError(
+                f"rollout.action_mode=admissible scores the admissible actions with engine.score(), and "
+                f"{type(policy.engine).__name__} has none"
+            )
+        self.policy, self.rng = policy, rng
+        self.format, self.tokenizer = policy.format, policy.tokenizer
+
+    def act(self, episodes: list[Episode]) -> list[Move]:
+        listed = [bool(e.admissible_actions) for e in episodes]
+        own = [e for e, x in zip(episodes, listed) if not x]
+        own_moves = iter(self.policy.act(own) if own else [])
+        chosen = iter(self._choose([e for e, x in zip(episodes, listed) if x]))
+        return [next(chosen) if x else next(own_moves) for x in listed]
+
+    def _choose(self, episodes: list[Episode]) -> list[Move]:
+        if not episodes:
+            return []
+        sampling = self.policy.sampling
+        prompts = [turn_prompt_ids(self.format, self.tokenizer, e) for e in episodes]
+        counts = [len(e.admissible_actions) for e in episodes]
+        actions = [a for e in episodes for a in e.admissible_actions]
+        replies = [self.format.response_ids(self.tokenizer, a) for a in actions]
+        start = time.perf_counter()
+        scored = self.policy.engine.score(
+            [p for p, k in zip(prompts, counts) for _ in range(k)],
+            replies,
+            1.0 if sampling.greedy else sampling.temperature,
+        )
+        self.policy.stats.generate_seconds += time.perf_counter() - start
+        picks = choose_in_segments([float(lp.sum()) for lp in scored], counts, None if sampling.greedy else self.rng)
+        self.policy.stats.tokens += sum(len(replies[i]) for i in picks)
+        return [Move(actions[i], prompt, replies[i], scored[i].tolist()) for prompt, i in zip(prompts, picks)]
+
+
+CHOICE_STREAM = 0x43484F
+"""Mixed into the seeds of ``ChoosingActor``'s generator, so that its draws are not the explorer's."""
+
+
+def policy_actor(
+    engine: Engine,
+    tokenizer,
+    config: RolloutConfig,
+    stats: PlayStats,
+    *,
+    greedy: bool = False,
+    seeds: Sequence[int] = (),
+) -> PolicyActor | ChoosingActor:
+    """The policy as ``config.action_mode`` plays it; a :class:`ChoosingActor` draws from a generator
+    seeded by ``seeds`` (the episodes' reset seeds), so a rerun draws the same."""
+    policy = PolicyActor(engine, tokenizer, PromptFormat.from_rollout(config), sampling_params(config, greedy), stats)
+    if config.action_mode == "admissible":
+        return ChoosingActor(policy, np.random.default_rng([CHOICE_STREAM, *(int(s) for s in seeds)]))
+    return policy
+
+
 class ExploringActor:
     """The policy, except that each turn of an episode whose environment lists admissible actions
     plays a uniformly random one of them with probability ``rate`` (``rollout.explore_rate``). That
     move is written as the policy writes the action; its logprobs are zeros for the learner to
     score (``Move.explored``), since no engine sampled it."""
 
-    def __init__(self, policy: PolicyActor, rate: float, rng: np.random.Generator):
+    def __init__(self, policy: PolicyActor | ChoosingActor, rate: float, rng: np.random.Generator):
         self.policy, self.rate, self.rng = policy, rate, rng
 
     def act(self, episodes: list[Episode]) -> list[Move]:
@@ -452,7 +532,6 @@ def collect_rollouts(
     reverse curriculum's share of each oracle plan played before the policy (0: none)."""
     check_rollout(config)
     play = PlayStats()
-    actor = PolicyActor(engine, tokenizer, PromptFormat.from_rollout(config), sampling_params(config), play)
     start = time.perf_counter()
     used: set[int] = set()
     kept: list[list[Episode]] = []
@@ -463,9 +542,9 @@ def collect_rollouts(
         seeds = draw_seeds(rng, missing if missing > 0 else config.n_groups, used)
         round_seeds = np.repeat(seeds, config.group_size)
         round_groups = np.repeat(np.arange(len(seeds)), config.group_size)
-        round_actor = actor
+        round_actor = policy_actor(engine, tokenizer, config, play, seeds=seeds)
         if config.explore_rate:  # its own numbers, from the round's seeds: the seed stream stays the same
-            round_actor = ExploringActor(actor, config.explore_rate, np.random.default_rng(seeds))
+            round_actor = ExploringActor(round_actor, config.explore_rate, np.random.default_rng(seeds))
         with env_pool(envs, len(round_seeds)) as pool:
             episodes = play_episodes(
                 pool,

@@ -26,8 +26,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from agent_rl.config import SFT_MODES, Config, RolloutConfig
 from agent_rl.training.loop.learner import warmup_lr
-from agent_rl.training.loop.logprobs import response_logits
 from agent_rl.training.loop.rollout import (
+    ChoosingActor,
     Episode,
     Move,
     PlayStats,
@@ -35,6 +35,7 @@ from agent_rl.training.loop.rollout import (
     draw_seeds,
     oracle_plans,
     play_episodes,
+    policy_actor,
     sampling_params,
     split_failed,
     turn_prompt_ids,
@@ -42,6 +43,7 @@ from agent_rl.training.loop.rollout import (
 from agent_rl.training.models.prompts import PromptFormat
 from agent_rl.training.serving.engines import Engine, HFEngine
 from agent_rl.training.serving.envpool import EnvFactory, EnvPool, env_pool
+from agent_rl.training.serving.logprobs import response_logits
 
 FORMAT_CHECK_EVERY = 25
 """Cloning steps between two measurements of the format accuracy (``sft.format_target``)."""
@@ -154,7 +156,7 @@ class OracleLabeller:
     lead to (and that expert demonstrations never visit). A turn from which the oracle has no
     winning plan is played but not labelled."""
 
-    def __init__(self, policy: PolicyActor, pool: EnvPool, tokenizer, prompt_format: PromptFormat):
+    def __init__(self, policy: PolicyActor | ChoosingActor, pool: EnvPool, tokenizer, prompt_format: PromptFormat):
         self.policy, self.pool, self.tokenizer, self.format = policy, pool, tokenizer, prompt_format
 
     def act(self, episodes: list[Episode]) -> list[Move]:
@@ -242,7 +244,7 @@ def collect_dagger(
     greedily and a greedy policy's errors repeat: its loops are the states to correct.
     ``successes`` counts the policy's own wins."""
     prompt_format, play = PromptFormat.from_rollout(config), PlayStats()
-    policy = PolicyActor(engine, tokenizer, prompt_format, sampling_params(config, greedy=True), play)
+    policy = policy_actor(engine, tokenizer, config, play, greedy=True)
     episodes: list[Episode] = []
     with env_pool(envs, min(batch, len(seeds)), timeout_s=timeout_s) as pool:
         if not pool.has_oracle:

@@ -1,5 +1,5 @@
 """Prompt prefixes that a batch shares, forwarded once: the learner's teacher-forced passes
-(``agent_rl.training.loop.logprobs``) and the hf engine's prefill (``agent_rl.training.serving.engines``)
+(``agent_rl.training.serving.logprobs``) and the hf engine's prefill (``agent_rl.training.serving.engines``)
 both run the prefix that every row starts with (a system prompt, a rules text) as one sequence and
 repeat its KV cache over the rows, and both forward each distinct rest of a prompt once
 (``prompt_cache``)."""

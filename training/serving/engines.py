@@ -16,7 +16,11 @@ reason: ``"stop"`` (a stop token was sampled; it is included in ``token_ids``) o
   dict in the object store once and every replica loads it. (Environments scale out on Ray in
   ``agent_rl.training.serving.envpool``.)
 
-The learner (``agent_rl.training.loop.logprobs.sequence_logprobs``) recomputes the same per-token
+Every engine also ``score``s given continuations (the admissible actions, ``rollout.action_mode``):
+the logprob of each of their tokens under the policy at a temperature, computed teacher-forced by
+the policy module in this process (:class:`ScoresWithPolicy`), whichever engine generates.
+
+The learner (``agent_rl.training.serving.logprobs.sequence_logprobs``) recomputes the same per-token
 logprobs with the training model, so ``old_logprobs`` from an engine and the learner's ``logp``
 agree. With ``top_p < 1`` the engine's numbers include the nucleus renormalization that the
 learner does not apply: keep ``top_p = 1`` for on-policy RL.
@@ -40,6 +44,7 @@ import torch.nn.functional as F
 from agent_rl.training.infra.distributed import forward_precision
 from agent_rl.training.models.policy import serving_state_dict
 from agent_rl.training.models.prefix_sharing import prompt_cache, shared_prefix_length, shares_prefixes
+from agent_rl.training.serving.logprobs import score_continuations
 
 FINISH_REASONS = ("stop", "length")
 
@@ -83,9 +88,37 @@ class Engine(Protocol):
         self, prompts_token_ids: Sequence[Sequence[int]], n: int, sampling: SamplingParams
     ) -> list[list[Completion]]: ...
 
+    def score(
+        self,
+        prompts_token_ids: Sequence[Sequence[int]],
+        continuations_token_ids: Sequence[Sequence[int]],
+        temperature: float,
+    ) -> list[np.ndarray]: ...
+
     def update_weights(self, model: torch.nn.Module) -> None: ...
 
     def close(self) -> None: ...
+
+
+class ScoresWithPolicy:
+    """``score``: each continuation's token logprobs given its prompt, computed by ``self.model`` (the
+    policy module this engine serves) under ``self.precision``, ``self.score_batch_size`` rows per
+    forward pass."""
+
+    model: torch.nn.Module
+    precision: str = "fp32"
+    score_batch_size: int = 64
+
+    def score(
+        self,
+        prompts_token_ids: Sequence[Sequence[int]],
+        continuations_token_ids: Sequence[Sequence[int]],
+        temperature: float,
+    ) -> list[np.ndarray]:
+        _check_request(prompts_token_ids, 1)
+        return score_continuations(
+            self.model, prompts_token_ids, continuations_token_ids, temperature, self.precision, self.score_batch_size
+        )
 
 
 def stop_token_ids(model: torch.nn.Module, tokenizer) -> list[int]:
@@ -107,7 +140,7 @@ def _check_request(prompts_token_ids: Sequence[Sequence[int]], n: int) -> None:
             raise ValueError(f"prompt {i} is empty")
 
 
-class HFEngine:
+class HFEngine(ScoresWithPolicy):
     """Hugging Face ``generate`` on the (training) model object itself: no copy, no sync cost."""
 
     def __init__(
@@ -128,7 +161,7 @@ class HFEngine:
         learner's forward passes run (``agent_rl.training.infra.distributed.forward_precision``)."""
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
         self.stop_ids = stop_token_ids(model, tokenizer)
-        self.max_batch_size = max_batch_size
+        self.max_batch_size = self.score_batch_size = max_batch_size
         self.share_prefixes = share_prefixes
         """Prefill the prefix that every row of a batch shares (a system prompt, a rules text) once, then
         each distinct rest of a prompt once, and repeat their KV caches over the rows; False prefills
@@ -237,7 +270,7 @@ class _RotaryReloadWarning(logging.Filter):
         return "RotaryEmbedding: Failed to load weights" not in record.getMessage()
 
 
-class VLLMEngine:
+class VLLMEngine(ScoresWithPolicy):
     """An in-process ``vllm.LLM`` serving a copy of the policy's weights."""
 
     def __init__(
@@ -263,6 +296,7 @@ class VLLMEngine:
         if not any(isinstance(f, _RotaryReloadWarning) for f in reload_logger.filters):
             reload_logger.addFilter(_RotaryReloadWarning())
         self.stop_ids = stop_token_ids(model, tokenizer)
+        self.model, self.precision = model, precision  # the policy module scores (``score``)
         self._model_dir = tempfile.mkdtemp(prefix="agent-rl-vllm-")
         self._weights_dir = tempfile.mkdtemp(prefix="agent-rl-weights-")
         write_untied_checkpoint(model, self._model_dir)
@@ -329,6 +363,7 @@ class VLLMEngine:
     def update_weights(self, model: torch.nn.Module) -> None:
         # One directory for every reload, overwritten: vllm caches each weights path's file listing
         # for the life of the process, so a fresh directory per reload grows that cache every iteration.
+        self.model = model
         write_untied_checkpoint(model, self._weights_dir)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": self._weights_dir})
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
@@ -401,7 +436,7 @@ class EngineReplica:
         self._tokenizer_dir.cleanup()
 
 
-class RayEngine:
+class RayEngine(ScoresWithPolicy):
     """``n_replicas`` generation engines (``kind`` hf or vllm) on Ray actors behind one ``Engine``.
 
     Replica ``i`` is seeded with ``seed + i``. ``address`` connects to a running cluster; ``None``
@@ -432,6 +467,7 @@ class RayEngine:
         if not ray.is_initialized():
             ray.init(address=address, include_dashboard=False, log_to_driver=False, **(init_kwargs or {}))
         self._ray = ray
+        self.model, self.precision = model, engine_kwargs.get("precision", "fp32")  # the policy module scores
         with tempfile.TemporaryDirectory(prefix="agent-rl-tokenizer-") as directory:
             tokenizer.save_pretrained(directory)
             tokenizer_files = {p.name: p.read_bytes() for p in Path(directory).iterdir() if p.is_file()}
@@ -456,6 +492,7 @@ class RayEngine:
         return [completions for answer in self._ray.get(futures) for completions in answer]
 
     def update_weights(self, model: torch.nn.Module) -> None:
+        self.model = model
         state_ref = self._ray.put(serving_state_dict(model))
         self._ray.get([replica.load_state_dict.remote(state_ref) for replica in self._replicas])
 

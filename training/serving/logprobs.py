@@ -2,8 +2,9 @@
 
 ``response_logits`` forwards each token once however many rows share it (the prefix all prompts of a
 batch share, then each distinct prompt) and repeats the KV caches over the rows;
-``sequence_logprobs`` turns the logits into per-token logprobs and ``recompute_logprobs`` scores a
-rollout batch with the learner's weights.
+``sequence_logprobs`` turns the logits into per-token logprobs, ``score_continuations`` scores many
+rows in batches (the engines' ``score``) and ``recompute_logprobs`` scores a rollout batch with the
+learner's weights.
 """
 
 from __future__ import annotations
@@ -85,6 +86,29 @@ def sequence_logprobs(
 
 
 @torch.no_grad()
+def score_continuations(
+    model: torch.nn.Module,
+    prompt_ids_list: Sequence[Sequence[int]],
+    continuation_ids_list: Sequence[Sequence[int]],
+    temperature: float,
+    precision: str = "fp32",
+    batch_size: int = 64,
+) -> list[np.ndarray]:
+    """The logprob of each token of each continuation given its prompt at ``temperature`` (float32,
+    one array per row), ``batch_size`` rows per forward pass (:func:`sequence_logprobs`)."""
+    scored = []
+    for start in range(0, len(prompt_ids_list), batch_size):
+        logp, mask = sequence_logprobs(
+            model,
+            prompt_ids_list[start : start + batch_size],
+            continuation_ids_list[start : start + batch_size],
+            temperature,
+            precision,
+        )
+        scored += [values[valid] for values, valid in zip(logp.cpu().numpy(), mask.cpu().numpy().astype(bool))]
+    return scored
+
+
 def recompute_logprobs(
     model: torch.nn.Module,
     batch: StepBatch,
@@ -99,13 +123,16 @@ def recompute_logprobs(
     rows = np.ones(len(batch), dtype=bool) if rows is None else np.asarray(rows, dtype=bool)
     index = np.flatnonzero(rows)
     old_logprobs = list(batch.old_logprobs)
-    for start in range(0, len(index), micro_batch_size):
-        chunk = index[start : start + micro_batch_size]
-        logp, mask = sequence_logprobs(
-            model, [batch.prompt_ids[i] for i in chunk], [batch.response_ids[i] for i in chunk], temperature, precision
-        )
-        for row, values, valid in zip(chunk, logp.cpu().numpy(), mask.cpu().numpy().astype(bool)):
-            old_logprobs[row] = values[valid].astype(np.float32)
+    scored = score_continuations(
+        model,
+        [batch.prompt_ids[i] for i in index],
+        [batch.response_ids[i] for i in index],
+        temperature,
+        precision,
+        micro_batch_size,
+    )
+    for row, values in zip(index, scored):
+        old_logprobs[row] = values.astype(np.float32)
     engine_scored = rows & ~np.asarray(batch.extras.get("explored", np.zeros(len(batch), dtype=bool)), dtype=bool)
     diffs = [np.abs(old_logprobs[i] - batch.old_logprobs[i]) for i in np.flatnonzero(engine_scored)]
     if not diffs:
