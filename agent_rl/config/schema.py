@@ -149,14 +149,14 @@ class RolloutConfig:
     action_mode: Literal["generate", "admissible"] = "generate"
     """How the policy plays a turn. ``generate`` (default): it writes a reply and the parser reads the
     action from it. ``admissible``: where the environment lists ``admissible_actions``, the policy
-    chooses one of them by its own probability of writing each (the summed token logprobs of each
-    action's reply at ``temperature``, normalized over the list; the most probable one when greedy),
-    as GLAM (Carta et al., 2023) does, so no turn is invalid and every action the game offers can be
-    sampled however few the policy would write unprompted (an item name it never learned to copy);
-    the chosen reply's tokens are learned as if generated. ``top_p`` and ``max_new_tokens`` do not
-    apply to such turns; turns without a list are generated. Each turn scores every listed action,
-    a forward pass of the policy per action in this process (the prompt forwarded once), whichever
-    engine generates."""
+    plays one of them, drawn as decoding constrained to the list would draw it (each token from the
+    policy's distribution at ``temperature``, renormalized over the tokens that continue a listed
+    action; the most probable action when greedy), as GLAM (Carta et al., 2023) plays text games:
+    no turn is invalid, and an item name the policy never learned to copy costs nothing once its
+    ``take`` is chosen. The chosen reply's tokens are learned as if generated. ``top_p`` and
+    ``max_new_tokens`` do not apply to such turns; turns without a list are generated. Each turn
+    scores every listed action with the policy module in this process (the prompt forwarded once),
+    whichever engine generates."""
     explore_rate: float = 0.0
     """Probability that a training turn plays a uniformly random admissible action in place of the
     policy's reply (turns whose environment lists no ``admissible_actions`` always play the policy's).

@@ -19,6 +19,7 @@ from agent_rl.training.loop.rollout import (
     action_entropy,
     choose_in_segments,
     collect_rollouts,
+    constrained_logprobs,
     next_replay_share,
     overlong_shaping,
     replay_depths,
@@ -443,6 +444,50 @@ def test_each_choice_lies_in_its_own_run_and_greedy_takes_its_largest(runs, seed
     assert [scores[i] for i in greedy] == [max(r) for r in runs]
 
 
+def test_constrained_logprobs_renormalize_at_each_branch_by_hand():
+    # One run: 1 2 9 | 1 3 9 | 4 9, then a run of one reply. Tokens 1 and 4 branch at the start (0.5
+    # and 0.2), 2 and 3 after 1 (0.3 and 0.1); the rest is forced and counts 0 whatever its logprob.
+    replies = [[1, 2, 9], [1, 3, 9], [4, 9], [5, 9]]
+    logps = [np.log([0.5, 0.3, 0.9]), np.log([0.5, 0.1, 0.8]), np.log([0.2, 0.7]), np.log([0.01, 0.5])]
+    chances = constrained_logprobs(replies, logps, [3, 1])
+    np.testing.assert_allclose(np.exp(chances), [5 / 7 * 0.75, 5 / 7 * 0.25, 2 / 7, 1.0])
+
+
+@st.composite
+def reply_runs(draw):
+    """Runs of distinct replies ending in EOS (0), with logprobs that agree wherever replies share a
+    prefix (one model scores them all)."""
+    runs = draw(
+        st.lists(
+            st.sets(st.tuples(*[st.integers(1, 3)] * 3).map(lambda t: t[: 1 + t[0] % 3]), min_size=1, max_size=6),
+            min_size=1,
+            max_size=4,
+        )
+    )
+    node_logp = {}
+    replies, logps = [], []
+    for run, stems in enumerate(runs):
+        for stem in sorted(stems):
+            reply = [*stem, 0]
+            replies.append(reply)
+            logps.append(
+                np.array(
+                    [node_logp.setdefault((run, *reply[: t + 1]), draw(st.floats(-8, 0))) for t in range(len(reply))]
+                )
+            )
+    return replies, logps, [len(stems) for stems in runs]
+
+
+@settings(max_examples=60, deadline=None)
+@given(reply_runs())
+def test_constrained_chances_of_each_run_sum_to_one(case):
+    replies, logps, counts = case
+    chances = np.exp(constrained_logprobs(replies, logps, counts))
+    starts = np.cumsum(counts) - counts
+    np.testing.assert_allclose(np.add.reduceat(chances, starts), 1.0, rtol=1e-9)
+    assert (chances > 0).all()
+
+
 def test_admissible_mode_plays_listed_actions_with_the_policys_own_logprobs(policy):
     model, tokenizer = policy
     env = RegisteredEnv("test_rollout/Coin-v0", {"steps": 3})
@@ -494,8 +539,9 @@ def test_admissible_mode_greedy_plays_the_action_the_policy_most_likely_writes(p
         replies = [
             tokenizer(w, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for w in ("heads", "tails")
         ]
-        logp, _ = sequence_logprobs(model, [prompt, prompt], replies, 1.0)
-        assert played["actions"] == [("heads", "tails")[int(logp.sum(dim=1).argmax())]]
+        logp, mask = sequence_logprobs(model, [prompt, prompt], replies, 1.0)
+        chances = constrained_logprobs(replies, [row[m.bool()].detach().numpy() for row, m in zip(logp, mask)], [2])
+        assert played["actions"] == [("heads", "tails")[int(chances.argmax())]]
     assert stats["invalid_action_rate"] == 0.0
 
 

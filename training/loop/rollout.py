@@ -183,13 +183,45 @@ def choose_in_segments(scores: np.ndarray, counts: Sequence[int], rng: np.random
     return order[np.cumsum(counts) - counts]
 
 
+def constrained_logprobs(
+    replies: Sequence[Sequence[int]], token_logprobs: Sequence[np.ndarray], counts: Sequence[int]
+) -> np.ndarray:
+    """Each reply's logprob when decoding may only continue one of the replies of its run (``counts``
+    consecutive replies per run, distinct, none a prefix of another: each ends with EOS): the sum over
+    its tokens of the token's logprob minus the log of the summed probability of the distinct tokens
+    that continue its prefix within the run. A token no other reply of the run branches off at counts
+    0. Each run's values exponentiate to probabilities that sum to 1."""
+    n, width = len(replies), max((len(r) for r in replies), default=0)
+    tokens, logp = np.full((n, width), -1, dtype=np.int64), np.zeros((n, width))
+    for i, (reply, values) in enumerate(zip(replies, token_logprobs, strict=True)):
+        tokens[i, : len(reply)], logp[i, : len(reply)] = reply, values
+    valid = tokens >= 0
+    run = np.repeat(np.arange(len(counts)), counts)
+    same_run = (run[:, None] == run[None, :])[:, :, None]
+    # same_node[i, j, t]: replies i and j of one run agree on their tokens 0..t.
+    same_node = same_run & np.cumprod(
+        (tokens[:, None] == tokens[None, :]) & valid[:, None] & valid[None, :], axis=2
+    ).astype(bool)
+    shares_prefix = np.concatenate([np.broadcast_to(same_run, (n, n, 1)), same_node[:, :, :-1]], axis=2)
+    # The first reply through each node speaks for it, so a token two replies share counts once.
+    first = valid & ~(same_node & np.triu(np.ones((n, n), dtype=bool), k=1)[:, :, None]).any(axis=0)
+    branches = np.where(shares_prefix & first[:, None, :], logp[:, None, :], -np.inf)  # [j, k, t]
+    peak = branches.max(axis=0, initial=-np.inf)
+    peak = np.where(np.isfinite(peak), peak, 0.0)  # a padded position has no branch
+    with np.errstate(divide="ignore"):
+        normalizer = peak + np.log(np.exp(branches - peak).sum(axis=0))
+    return np.where(valid, logp - normalizer, 0.0).sum(axis=1)
+
+
 class ChoosingActor:
     """``rollout.action_mode=admissible``: on each turn of an episode whose environment lists
-    admissible actions, the policy plays one of them, drawn by its own probability of writing each
-    reply (``engine.score``: the summed logprobs of the reply's tokens at the sampling temperature,
-    softmax over the list; the largest when greedy, scored at temperature 1 as greedy generation
-    reports). The move carries the chosen reply's tokens and their logprobs, as a generated one does.
-    Episodes without a list are the policy's to generate."""
+    admissible actions, the policy plays one of them, drawn as decoding constrained to the list
+    would draw it: each token from the policy's distribution at the sampling temperature
+    renormalized over the tokens that continue a listed action (:func:`constrained_logprobs` of the
+    replies' token logprobs from ``engine.score``); greedy plays the most probable action, scored at
+    temperature 1 as greedy generation reports. The move carries the chosen reply's tokens and their
+    (unconstrained) logprobs, which the learner recomputes alike. Episodes without a list are the
+    policy's to generate."""
 
     def __init__(self, policy: PolicyActor, rng: np.random.Generator):
         if not callable(getattr(policy.engine, "score", None)):
@@ -212,8 +244,9 @@ class ChoosingActor:
             return []
         sampling = self.policy.sampling
         prompts = [turn_prompt_ids(self.format, self.tokenizer, e) for e in episodes]
-        counts = [len(e.admissible_actions) for e in episodes]
-        actions = [a for e in episodes for a in e.admissible_actions]
+        listed = [list(dict.fromkeys(e.admissible_actions)) for e in episodes]  # an action listed twice is one
+        counts = [len(actions) for actions in listed]
+        actions = [a for each in listed for a in each]
         replies = [self.format.response_ids(self.tokenizer, a) for a in actions]
         start = time.perf_counter()
         scored = self.policy.engine.score(
@@ -222,7 +255,8 @@ class ChoosingActor:
             1.0 if sampling.greedy else sampling.temperature,
         )
         self.policy.stats.generate_seconds += time.perf_counter() - start
-        picks = choose_in_segments([float(lp.sum()) for lp in scored], counts, None if sampling.greedy else self.rng)
+        chances = constrained_logprobs(replies, scored, counts)
+        picks = choose_in_segments(chances, counts, None if sampling.greedy else self.rng)
         self.policy.stats.tokens += sum(len(replies[i]) for i in picks)
         return [Move(actions[i], prompt, replies[i], scored[i].tolist()) for prompt, i in zip(prompts, picks)]
 
