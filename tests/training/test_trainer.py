@@ -142,6 +142,22 @@ def test_a_run_can_leave_the_warm_start_unevaluated(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_run_choosing_among_admissible_actions_plays_no_invalid_turn_and_learns_its_own_logprobs(tmp_path):
+    run_dir = tmp_path / "run"
+    train(
+        load_config(
+            overrides=tiny_overrides(
+                run_dir, "rollout.action_mode=admissible", "trainer.iterations=1", "trainer.recompute_old_logprobs=true"
+            )
+        )
+    )
+    first, last = read_metrics(run_dir)
+    assert first["eval/greedy_invalid_rate"] == last["eval/greedy_invalid_rate"] == 0.0
+    assert last["rollout/invalid_rate"] == 0.0 and last["rollout/rows"] > 0
+    assert last["update/logprob_mismatch_max"] < 1e-4  # the chosen replies' logprobs are the learner's
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("weights", ["full", "lora"])
 def test_resume_continues_exactly(tmp_path, monkeypatch, weights):
     """A resumed run is bit-identical to an uninterrupted one (metrics apart from timings, and the
