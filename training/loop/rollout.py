@@ -35,6 +35,9 @@ Decisions worth knowing:
 - Progress shaping (``progress_reward``): each turn's reward gets ``progress_reward x (d(s) - d(s'))``,
   ``d`` the oracle's distance to a win (:func:`oracle_distances`); the added amount is kept in
   ``batch.extras["progress_reward"]``.
+- ``action_mode=admissible``: on turns whose environment lists admissible actions the policy
+  chooses one of them (:class:`ChoosingActor`, :func:`constrained_logprobs`) instead of writing a
+  reply; its draws come from the round's seeds, so the seed stream is the generating mode's.
 - Statistics describe every trajectory played in the call, dropped groups included (they measure the
   policy, not the batch).
 """
@@ -191,26 +194,32 @@ def constrained_logprobs(
     its tokens of the token's logprob minus the log of the summed probability of the distinct tokens
     that continue its prefix within the run. A token no other reply of the run branches off at counts
     0. Each run's values exponentiate to probabilities that sum to 1."""
-    n, width = len(replies), max((len(r) for r in replies), default=0)
-    tokens, logp = np.full((n, width), -1, dtype=np.int64), np.zeros((n, width))
-    for i, (reply, values) in enumerate(zip(replies, token_logprobs, strict=True)):
-        tokens[i, : len(reply)], logp[i, : len(reply)] = reply, values
+    counts = np.asarray(counts, dtype=np.int64)
+    if counts.size == 0:
+        return np.zeros(0)
+    runs, most, width = counts.size, int(counts.max()), max(len(r) for r in replies)
+    # Runs padded to [run, reply, token]; a padded reply or token is not valid.
+    run, member = (
+        np.repeat(np.arange(runs), counts),
+        np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts),
+    )
+    tokens, logp = np.full((runs, most, width), -1, dtype=np.int64), np.zeros((runs, most, width))
+    for r, m, reply, values in zip(run, member, replies, token_logprobs, strict=True):
+        tokens[r, m, : len(reply)], logp[r, m, : len(reply)] = reply, values
     valid = tokens >= 0
-    run = np.repeat(np.arange(len(counts)), counts)
-    same_run = (run[:, None] == run[None, :])[:, :, None]
-    # same_node[i, j, t]: replies i and j of one run agree on their tokens 0..t.
-    same_node = same_run & np.cumprod(
-        (tokens[:, None] == tokens[None, :]) & valid[:, None] & valid[None, :], axis=2
-    ).astype(bool)
-    shares_prefix = np.concatenate([np.broadcast_to(same_run, (n, n, 1)), same_node[:, :, :-1]], axis=2)
+    # same_node[r, i, j, t]: replies i and j agree on their tokens 0..t.
+    agree = (tokens[:, :, None] == tokens[:, None, :]) & valid[:, :, None] & valid[:, None, :]
+    same_node = np.cumprod(agree, axis=3).astype(bool)
+    shares_prefix = np.concatenate([np.ones((runs, most, most, 1), dtype=bool), same_node[..., :-1]], axis=3)
     # The first reply through each node speaks for it, so a token two replies share counts once.
-    first = valid & ~(same_node & np.triu(np.ones((n, n), dtype=bool), k=1)[:, :, None]).any(axis=0)
-    branches = np.where(shares_prefix & first[:, None, :], logp[:, None, :], -np.inf)  # [j, k, t]
-    peak = branches.max(axis=0, initial=-np.inf)
+    earlier = np.triu(np.ones((most, most), dtype=bool), k=1)[None, :, :, None]  # [., i, j, .]: i < j
+    first = valid & ~(same_node & earlier).any(axis=1)
+    branches = np.where(shares_prefix & first[:, :, None, :], logp[:, :, None, :], -np.inf)  # [r, j, k, t]
+    peak = branches.max(axis=1)
     peak = np.where(np.isfinite(peak), peak, 0.0)  # a padded position has no branch
     with np.errstate(divide="ignore"):
-        normalizer = peak + np.log(np.exp(branches - peak).sum(axis=0))
-    return np.where(valid, logp - normalizer, 0.0).sum(axis=1)
+        normalizer = peak + np.log(np.exp(branches - peak[:, None]).sum(axis=1))
+    return np.where(valid, logp - normalizer, 0.0).sum(axis=2)[run, member]
 
 
 class ChoosingActor:
