@@ -151,12 +151,12 @@ class RolloutConfig:
     action from it. ``admissible``: where the environment lists ``admissible_actions``, the policy
     plays one of them, drawn as decoding constrained to the list would draw it (each token from the
     policy's distribution at ``temperature``, renormalized over the tokens that continue a listed
-    action; the most probable action when greedy), as GLAM (Carta et al., 2023) plays text games:
-    no turn is invalid, and an item name the policy never learned to copy costs nothing once its
-    ``take`` is chosen. The chosen reply's tokens are learned as if generated. ``top_p`` and
-    ``max_new_tokens`` do not apply to such turns; turns without a list are generated. Each turn
-    scores every listed action with the policy module in this process (the prompt forwarded once),
-    whichever engine generates."""
+    action; the most probable action when greedy): no turn is invalid, and an item name the policy
+    never learned to copy costs nothing once its ``take`` is chosen (GLAM, Carta et al., 2023,
+    normalizes whole-action probabilities instead, which favours the shortest actions). The chosen
+    reply's tokens are learned as if generated. ``top_p`` and ``max_new_tokens`` do not apply to such
+    turns; turns without a list are generated. Each turn scores every listed action with the policy
+    module in this process (the prompt forwarded once), whichever engine generates."""
     explore_rate: float = 0.0
     """Probability that a training turn plays a uniformly random admissible action in place of the
     policy's reply (turns whose environment lists no ``admissible_actions`` always play the policy's).
