@@ -65,13 +65,11 @@ class EnvBuildError(RuntimeError):
 def build_env(make_env: Callable[[], Any], timeout_s: float | None) -> Any:
     """``make_env()`` within ``timeout_s``: a factory that raises or hangs is an :class:`EnvBuildError`
     naming its failure (:func:`failure`); a hung one is abandoned."""
-    calls = TimedCalls(timeout_s)
-    try:
-        return calls(make_env, "make_env")
-    except Exception as exc:
-        raise EnvBuildError(f"the environment factory failed: {failure(exc, 'make_env')}") from exc
-    finally:
-        calls.close()
+    with TimedCalls(timeout_s) as calls:  # outside the try: a bad limit is the caller's ValueError
+        try:
+            return calls(make_env, "make_env")
+        except Exception as exc:
+            raise EnvBuildError(f"the environment factory failed: {failure(exc, 'make_env')}") from exc
 
 
 class _CallThread:

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -171,6 +171,23 @@ class PolicyActor:
         return moves
 
 
+def split_moves(
+    episodes: list[Episode],
+    mask: Sequence[bool],
+    masked: Callable[[list[Episode]], list[Move]],
+    others: Callable[[list[Episode]], list[Move]],
+) -> list[Move]:
+    """Moves for ``episodes``, in their order: ``masked`` answers those where ``mask`` holds and
+    ``others`` the rest, each in one call, made only when it has an episode to answer."""
+
+    def answers(actor: Callable[[list[Episode]], list[Move]], wanted: bool) -> Iterator[Move]:
+        chosen = [e for e, x in zip(episodes, mask, strict=True) if bool(x) == wanted]
+        return iter(actor(chosen) if chosen else [])
+
+    picked, rest = answers(masked, True), answers(others, False)
+    return [next(picked) if x else next(rest) for x in mask]
+
+
 def choose_in_segments(scores: np.ndarray, counts: Sequence[int], rng: np.random.Generator | None) -> np.ndarray:
     """For each run of ``counts`` consecutive ``scores`` (log-weights), the index (into ``scores``) of
     one drawn with probability ``softmax`` over its run (Gumbel-max with ``rng``), or of its largest
@@ -242,15 +259,9 @@ class ChoosingActor:
         self.format, self.tokenizer = policy.format, policy.tokenizer
 
     def act(self, episodes: list[Episode]) -> list[Move]:
-        listed = [bool(e.admissible_actions) for e in episodes]
-        own = [e for e, x in zip(episodes, listed) if not x]
-        own_moves = iter(self.policy.act(own) if own else [])
-        chosen = iter(self._choose([e for e, x in zip(episodes, listed) if x]))
-        return [next(chosen) if x else next(own_moves) for x in listed]
+        return split_moves(episodes, [bool(e.admissible_actions) for e in episodes], self._choose, self.policy.act)
 
     def _choose(self, episodes: list[Episode]) -> list[Move]:
-        if not episodes:
-            return []
         sampling = self.policy.sampling
         prompts = [turn_prompt_ids(self.format, self.tokenizer, e) for e in episodes]
         listed = [list(dict.fromkeys(e.admissible_actions)) for e in episodes]  # an action listed twice is one
@@ -303,9 +314,7 @@ class ExploringActor:
     def act(self, episodes: list[Episode]) -> list[Move]:
         listed = np.array([bool(e.admissible_actions) for e in episodes])
         explore = (self.rng.random(len(episodes)) < self.rate) & listed
-        own = [e for e, x in zip(episodes, explore) if not x]
-        own_moves = iter(self.policy.act(own) if own else [])
-        return [self._explore(e) if x else next(own_moves) for e, x in zip(episodes, explore)]
+        return split_moves(episodes, explore, lambda explored: [self._explore(e) for e in explored], self.policy.act)
 
     def _explore(self, episode: Episode) -> Move:
         admissible = episode.admissible_actions

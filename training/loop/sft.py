@@ -243,7 +243,7 @@ def collect_dagger(
     turn with the oracle's action (:class:`OracleLabeller`). Greedy, because the policy is evaluated
     greedily and a greedy policy's errors repeat: its loops are the states to correct.
     ``successes`` counts the policy's own wins."""
-    prompt_format, play = PromptFormat.from_rollout(config), PlayStats()
+    play = PlayStats()
     policy = policy_actor(engine, tokenizer, config, play, greedy=True)
     episodes: list[Episode] = []
     with env_pool(envs, min(batch, len(seeds)), timeout_s=timeout_s) as pool:
@@ -251,7 +251,7 @@ def collect_dagger(
             raise ValueError(
                 f"sft.dagger_episodes needs an environment with an oracle() method and {pool.env_id} has none"
             )
-        actor = OracleLabeller(policy, pool, tokenizer, prompt_format)
+        actor = OracleLabeller(policy, pool, tokenizer, policy.format)
         for start in range(0, len(seeds), batch):
             chunk = seeds[start : start + batch]
             episodes += play_episodes(pool, actor, chunk, range(len(chunk)), config, play)
