@@ -726,9 +726,9 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"unknown case(s) {unknown}; choose from {list(known)}")
         cases = tuple(known[n] for n in args.cases.split(","))
-    seeds = args.seeds or (QUICK_SEEDS if args.quick else None)
-    if seeds is not None and seeds < 2:
-        parser.error("--seeds must be at least 2 (lifts get an interval over seeds)")
+    seeds = args.seeds if args.seeds is not None else (QUICK_SEEDS if args.quick else None)
+    if seeds is not None and seeds < 1:
+        parser.error("--seeds must be at least 1 (a single seed is a pilot: its lifts get no interval)")
     settings = tuple(args.set)
     try:
         for case in cases:  # a bad key or value fails here, before any run starts

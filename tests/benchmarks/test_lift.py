@@ -309,6 +309,9 @@ def test_bad_settings_fail_before_any_run(tmp_path, capsys):
     with pytest.raises(SystemExit):
         lift.main(["--quick", "--out", str(tmp_path), "--warm-starts-from", str(tmp_path / "other")])
     assert "--warm-starts-from: no 'sft' checkpoint" in capsys.readouterr().err and not (tmp_path / "runs").exists()
+    with pytest.raises(SystemExit):
+        lift.main(["--quick", "--out", str(tmp_path), "--seeds", "0"])
+    assert "--seeds must be at least 1" in capsys.readouterr().err and not (tmp_path / "runs").exists()
 
 
 def test_a_run_waits_for_a_warm_start_only_while_another_process_trains_it(tmp_path):
