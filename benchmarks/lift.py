@@ -112,9 +112,6 @@ class Case:
         return load_config(self.recipe, overrides) if self.recipe else load_default_config(overrides)
 
 
-MULTI_STEP_SIZES = ("rollout.n_groups=4",)
-"""The multi-step cases' batch: 4 tasks x 8 trajectories (half the default), so that a run of 30
-iterations and 4 evaluations fits about 15 minutes on one thread."""
 PANEL_MAZE = "env.kwargs={n_rooms: 5, n_locked_doors: 0, dead_ends: 1, extra_edges: 0, n_distractors: 1, max_steps: 8}"
 """The multi-step cases' Maze: five rooms on a tree, no locked door, one dead end, one distractor, an
 8-step limit. A policy that reads each observation (the explorer: take the goal in sight, else follow
@@ -145,13 +142,13 @@ CASES = (
     Case(
         "maze-random",
         "a small Maze (5 rooms on a tree, no locked door, 8 steps) from a random-action warm start",
-        (PANEL_MAZE, "sft.mode=random", *MULTI_STEP_SIZES),
+        (PANEL_MAZE, "sft.mode=random"),
         30,
         10,
         Goal("lift", 30.0, minutes=20.0),
     ),
     # The observation shows the current dial (the whole state a policy needs), so no history turn;
-    # the default 8 groups: a random-action warm start wins 1/16, most groups none.
+    # the default 16 groups: a random-action warm start wins 1/16, most groups none.
     Case(
         "combination",
         "lift/Combination-v0: four dials, each turned up or down by a table the text never shows, one reward "
@@ -166,7 +163,7 @@ CASES = (
     Case(
         "maze-clone",
         "the small Maze of maze-random from a short oracle clone (100 cloning steps)",
-        (PANEL_MAZE, "sft.steps=100", *MULTI_STEP_SIZES),
+        (PANEL_MAZE, "sft.steps=100"),
         30,
         10,
         Goal("lift", 30.0, minutes=20.0),
@@ -182,7 +179,6 @@ CASES = (
             "env.kwargs={width: 6, height: 6, n_boxes: 1, reverse_steps: 40, max_steps: 14}",
             "sft.mode=random",
             "rollout.history_turns=0",
-            *MULTI_STEP_SIZES,
         ),
         30,
         10,
@@ -199,7 +195,6 @@ CASES = (
             "policy.tokenizer_envs=[textarena/FrozenLake-v0]",
             "sft.mode=random",
             "rollout.history_turns=0",
-            *MULTI_STEP_SIZES,
         ),
         30,
         10,

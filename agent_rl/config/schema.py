@@ -124,8 +124,10 @@ class EngineConfig:
 class RolloutConfig:
     """How rollouts are collected and prompts are built."""
 
-    n_groups: int = 8
-    """Groups (distinct seeds, i.e. distinct initial states) per batch."""
+    n_groups: int = 16
+    """Groups (distinct seeds, i.e. distinct initial states) per batch. Fresh groups, not further
+    passes over the same ones (``optim.min_steps``), are what lifted the multi-step cases from a weak
+    start (docs/benchmarks.md, "What RL adds")."""
     group_size: int = 8
     """Trajectories per group, all reset with the group's seed."""
     max_turns: int = 20
@@ -330,13 +332,14 @@ class OptimizerConfig:
     a random perturbation of the warm start."""
     epochs: int = 2
     """Passes over each iteration's learnable trajectories."""
-    min_steps: int = 16
+    min_steps: int = 0
     """Raise an update's passes above ``epochs`` until it takes at least this many optimizer steps
     (``update/epochs``). The steps per pass follow the learnable trajectories (``minibatch_size``),
     so a sparse task whose groups rarely hold a win gets one or two steps an iteration while a dense
-    one gets dozens; this lifts the first without touching the second. 0 keeps ``epochs``. With
-    ``extra_passes_on=positive`` (the defaults) it took a sparse four-step task to 100% on 10 of 10
-    fresh seeds where ``epochs`` alone reached it on 2 (docs/benchmarks.md, "What RL adds")."""
+    one gets dozens; this lifts the first without touching the second. 0 keeps ``epochs``. With 8
+    groups an iteration, 16 (and ``extra_passes_on=positive``) took a sparse four-step task to 100%
+    on 10 of 10 fresh seeds where ``epochs`` alone reached it on 2; 16 groups and no floor (the
+    defaults) reach it too (docs/benchmarks.md, "What RL adds")."""
     extra_passes_on: Literal["all", "positive"] = "positive"
     """The rows of the passes ``min_steps`` adds after ``epochs``: ``all`` the learnable rows, or
     ``positive`` only the rows with a positive advantage (passes over their trajectories, raised

@@ -94,8 +94,8 @@ def test_yaml_file_then_overrides(tmp_path):
         ("rollout.min_batch_rows=-1", "config key 'rollout.min_batch_rows': must be >= 0"),
         ("optim.lr=-1e-4", "config key 'optim.lr': must be > 0"),
         (
-            "optim.minibatch_size=65",
-            "config key 'optim.minibatch_size': 65 trajectories leave no full minibatch: a round holds 64",
+            "optim.minibatch_size=129",
+            "config key 'optim.minibatch_size': 129 trajectories leave no full minibatch: a round holds 128",
         ),
         ("optim.minibatch_size=-1", "config key 'optim.minibatch_size': must be >= 0"),
         ("algo.negative_weight=2", "config key 'algo.negative_weight': must be in [0, 1]"),
