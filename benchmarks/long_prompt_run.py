@@ -5,8 +5,8 @@ defaults, once with the bundled tokenizer and once with one that also covers the
 (``policy.precision=bf16``: the warm start, the learner and the hf engine).
 
 Each arm is one ``agent-rl train`` run with the ``frozenlake`` lift case's settings (a random-action
-warm start, no history turn, 4 groups of 8), ``--iterations`` RL iterations and a 32-episode greedy
-evaluation before them. From its ``metrics.jsonl`` the result records the warm start's seconds (its
+warm start, no history turn) at ``--groups`` groups of 8, ``--iterations`` RL iterations and a
+32-episode greedy evaluation before them. From its ``metrics.jsonl`` the result records the warm start's seconds (its
 evaluation left out), each iteration's rollout, update and total seconds and the tokens the learner
 forwarded, and the first prompt's length in tokens; ``library_commit`` names the code that ran (a
 worktree on ``PYTHONPATH`` runs an older commit's library, ``--arms bundled`` where it has no
@@ -15,6 +15,7 @@ worktree on ``PYTHONPATH`` runs an older commit's library, ``--arms bundled`` wh
     python -m agent_rl.benchmarks.long_prompt_run                 # -> benchmarks/results/long_prompt_run.json
     python -m agent_rl.benchmarks.long_prompt_run --threads 2 --name long_prompt_run_2threads
     python -m agent_rl.benchmarks.long_prompt_run --threads 2 --arms covering,covering-bf16 --name long_prompt_run_bf16
+    python -m agent_rl.benchmarks.long_prompt_run --threads 2 --arms covering --groups 16 --name long_prompt_16groups
 """
 
 from __future__ import annotations
@@ -37,9 +38,11 @@ from agent_rl.config import RolloutConfig
 from agent_rl.training.models.policy import load_tokenizer, policy_dir
 from agent_rl.training.models.prompts import PromptFormat
 
-FROZENLAKE_CASE = ("sft.mode=random", "rollout.history_turns=0", "rollout.n_groups=4")
-"""The ``frozenlake`` lift case's settings besides its env id and tokenizer (``agent_rl.benchmarks.lift``), at
-the 4 groups an iteration the case played when these runs were measured (it now plays the library's 16)."""
+FROZENLAKE_CASE = ("sft.mode=random", "rollout.history_turns=0")
+"""The ``frozenlake`` lift case's settings besides its env id and tokenizer (``agent_rl.benchmarks.lift``)."""
+GROUPS = 4
+"""Groups an iteration (``--groups``): the 4 the lift case played when the committed results before
+``long_prompt_run_nofloor`` were measured; the library's default is 16."""
 
 
 ARMS = ("bundled", "covering", "covering-bf16")
@@ -107,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each run")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--groups", type=int, default=GROUPS, help="rollout.n_groups of each run")
     parser.add_argument("--name", default="long_prompt_run", help="result file name under benchmarks/results")
     args = parser.parse_args(argv)
     arms = [arm.strip() for arm in args.arms.split(",")]
@@ -121,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                 [
                     f"env.id={args.env}",
                     *FROZENLAKE_CASE,
+                    f"rollout.n_groups={args.groups}",
                     *arm_overrides(arm, args.env),
                     threads_override(args.threads),
                     "engine=hf",
@@ -151,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             "library_commit": library_commit(),
             "torch_threads": args.threads,
             "seed": args.seed,
+            "n_groups": args.groups,
             "arms": results,
         },
     )
