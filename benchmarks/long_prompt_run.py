@@ -6,11 +6,11 @@ defaults, once with the bundled tokenizer and once with one that also covers the
 
 Each arm is one ``agent-rl train`` run with the ``frozenlake`` lift case's settings (a random-action
 warm start, no history turn) at ``--groups`` groups of 8, ``--iterations`` RL iterations and a
-32-episode greedy evaluation before them. From its ``metrics.jsonl`` the result records the warm start's seconds (its
-evaluation left out), each iteration's rollout, update and total seconds and the tokens the learner
-forwarded, and the first prompt's length in tokens; ``library_commit`` names the code that ran (a
-worktree on ``PYTHONPATH`` runs an older commit's library, ``--arms bundled`` where it has no
-``policy.tokenizer_envs``).
+32-episode greedy evaluation before them. From its ``metrics.jsonl`` the result records the warm
+start's seconds (its evaluation left out), each iteration's rollout, update and total seconds and
+the tokens the learner forwarded, and the first prompt's length in tokens; ``library_commit`` names
+the code that ran (a worktree on ``PYTHONPATH`` runs an older commit's library, ``--arms bundled``
+where it has no ``policy.tokenizer_envs``).
 
     python -m agent_rl.benchmarks.long_prompt_run                 # -> benchmarks/results/long_prompt_run.json
     python -m agent_rl.benchmarks.long_prompt_run --threads 2 --name long_prompt_run_2threads
