@@ -125,9 +125,9 @@ class RolloutConfig:
     """How rollouts are collected and prompts are built."""
 
     n_groups: int = 16
-    """Groups (distinct seeds, i.e. distinct initial states) per batch. Fresh groups, not further
-    passes over the same ones (``optim.min_steps``), are what lifted the multi-step cases from a weak
-    start (docs/benchmarks.md, "What RL adds")."""
+    """Groups (distinct seeds, i.e. distinct initial states) per batch. 16 fresh groups in place of
+    further passes over 4 (``optim.min_steps``) lifted a small Maze's short clone by +31 points more on
+    fresh seeds, and lowered no other multi-step case (docs/benchmarks.md, "What RL adds")."""
     group_size: int = 8
     """Trajectories per group, all reset with the group's seed."""
     max_turns: int = 20
