@@ -15,9 +15,10 @@ from agent_rl.benchmarks.report import area_under
 from agent_rl.cli import main as cli_main
 
 
-def _records(iterations, sampled, greedy=None, invalid=0.1, length=9.0, grouped=None):
-    """metrics.jsonl records of a finished cell: one per iteration 0..max, evaluations at ``iterations``."""
-    greedy = sampled if greedy is None else greedy
+def _records(iterations, greedy, sampled=None, invalid=0.1, length=9.0, grouped=None):
+    """metrics.jsonl records of a finished cell: one per iteration 0..max, evaluations at ``iterations``
+    (sampled success half of greedy unless given, so the two measures differ)."""
+    sampled = [g / 2 for g in greedy] if sampled is None else sampled
     evals = {it: (s, g) for it, s, g in zip(iterations, sampled, greedy)}
     records = []
     for it in range(iterations[-1] + 1):
@@ -112,21 +113,23 @@ def test_summary_pairs_each_method_with_the_baseline_on_shared_seeds(tmp_path):
     # 5 finished cells of 11 iterations, 10 s each as logged, and 3 finished warm starts of 10 s.
     assert summary["compute_seconds"] == {"cells": 550.0, "warm_starts": 30.0}
     trajectory, step = summary["methods"]["trajectory"], summary["methods"]["gigpo-state"]
-    # AUCs (trapezoid over 0, 5, 10): trajectory 0.3, 0.1, 0.525; gigpo-state 0.45, 0.2.
-    assert [trajectory["seeds"][s]["sampled_auc"] for s in (0, 1, 2)] == pytest.approx([0.3, 0.1, 0.525])
+    # Greedy AUCs (trapezoid over 0, 5, 10): trajectory 0.3, 0.1, 0.525; gigpo-state 0.45, 0.2.
+    assert [trajectory["seeds"][s]["greedy_auc"] for s in (0, 1, 2)] == pytest.approx([0.3, 0.1, 0.525])
+    assert [trajectory["seeds"][s]["sampled_auc"] for s in (0, 1, 2)] == pytest.approx([0.15, 0.05, 0.2625])
     assert "paired" not in trajectory
     paired = step["paired"]
     assert paired["seeds"] == [0, 1]
-    assert paired["sampled_auc"]["per_seed"] == pytest.approx([0.15, 0.1])
-    assert paired["sampled_auc"]["mean"] == pytest.approx(0.125) and paired["sampled_auc"]["wins"] == 2
+    assert paired["greedy_auc"]["per_seed"] == pytest.approx([0.15, 0.1])
+    assert paired["greedy_auc"]["mean"] == pytest.approx(0.125) and paired["greedy_auc"]["wins"] == 2
+    assert paired["sampled_auc"]["per_seed"] == pytest.approx([0.075, 0.05])
     assert paired["final_invalid_rate"]["per_seed"] == pytest.approx([-0.05, -0.05])
     # The declared measure alone is tested over the family (here one comparison): differences 0.15 and
     # 0.1 give t = 0.125 / 0.025 = 5 on 1 degree of freedom, p = 1 - 2 atan(5) / pi = 0.1257.
     primary = paired["primary"]
-    assert primary["measure"] == bench.PRIMARY_MEASURE == "sampled_auc" and primary["family_size"] == 1
+    assert primary["measure"] == bench.PRIMARY_MEASURE == "greedy_auc" and primary["family_size"] == 1
     assert primary["holm_t_p"] == pytest.approx(0.12567, abs=1e-4) and not primary["significant"]
     assert (primary["adjusted_ci_low"], primary["adjusted_ci_high"]) == pytest.approx(
-        (paired["sampled_auc"]["ci_low"], paired["sampled_auc"]["ci_high"])
+        (paired["greedy_auc"]["ci_low"], paired["greedy_auc"]["ci_high"])
     )
     assert not any("significant" in paired[key] for key in bench.PAIRED_METRICS)
     assert step["grouped_fraction"]["mean"] == pytest.approx(0.9) and trajectory["grouped_fraction"] is None
@@ -134,6 +137,7 @@ def test_summary_pairs_each_method_with_the_baseline_on_shared_seeds(tmp_path):
     bench.write_markdown({"maze": summary}, tmp_path / "summary.md")
     table = (tmp_path / "summary.md").read_text()
     assert "| gigpo-state | 2 | 32.5 ± " in table and "+12.5 [" in table and "+15.0, +10.0" in table
+    assert "| +6.2 [" in table  # the sampled AUC's difference, beside the primary one
     # A row over several seeds keeps its interval; a row of one seed shows its value, not a zero-width interval.
     assert "| trajectory | 3 | 30.8 ± " in table
     assert "- gigpo-state: +12.5 points; Holm over the 1 comparisons: t-test p = 0.126" in table
@@ -156,11 +160,11 @@ def test_summary_checks_where_the_baseline_learned_and_repeats_the_comparison_th
     assert summary["baseline_gain_points"] == pytest.approx({0: 20.0, 1: 0.0, 2: 20.0})
     # AUC = (v0 + 2 v1 + v2) / 4: trajectory 0.25, 0.1, 0.35; gigpo-state 0.325, 0.4, 0.4.
     step_summary = summary["methods"]["gigpo-state"]
-    assert step_summary["paired"]["sampled_auc"]["per_seed"] == pytest.approx([0.075, 0.3, 0.05])
+    assert step_summary["paired"]["greedy_auc"]["per_seed"] == pytest.approx([0.075, 0.3, 0.05])
     learned = step_summary["paired_where_baseline_learned"]
     assert learned["seeds"] == [0, 2]
-    assert learned["sampled_auc"]["per_seed"] == pytest.approx([0.075, 0.05])
-    assert learned["sampled_auc"]["mean"] == pytest.approx(0.0625)
+    assert learned["greedy_auc"]["per_seed"] == pytest.approx([0.075, 0.05])
+    assert learned["greedy_auc"]["mean"] == pytest.approx(0.0625)
     bench.write_markdown({"maze": summary}, tmp_path / "summary.md")
     text = (tmp_path / "summary.md").read_text()
     assert "seed 0 +20.0, seed 1 +0.0, seed 2 +20.0 points; 15 or more on 2 of 3 seeds" in text
@@ -172,16 +176,17 @@ def test_summary_checks_where_the_baseline_learned_and_repeats_the_comparison_th
     )
 
 
-def _fake_training(monkeypatch, sampled_by_seed):
+def _fake_training(monkeypatch, greedy_by_seed):
     """Jobs that write their metrics (and a warm start's checkpoint) at once instead of training: a
-    seed's cells all log ``sampled_by_seed[seed]`` at iterations 1 and 2 against 0.3 at iteration 0."""
+    seed's cells all log greedy success ``greedy_by_seed[seed]`` at iterations 1 and 2 against 0.3 at
+    iteration 0."""
 
     def command(job):
         if job.method is None:
             records, model = _records([0], [0.3]), "(run / 'checkpoints').mkdir()"
         else:
             records, model = (
-                _records([0, 1, 2], [0.3, *[sampled_by_seed[job.seed]] * 2]),
+                _records([0, 1, 2], [0.3, *[greedy_by_seed[job.seed]] * 2]),
                 "",
             )  # iteration 0 is the warm start's
         lines = "".join(json.dumps(r) + "\n" for r in records)
@@ -307,8 +312,8 @@ def test_every_full_grid_run_has_valid_settings():
 
 def test_unknown_names_are_errors_that_list_the_valid_ones(capsys):
     with pytest.raises(SystemExit):
-        bench.main(["--envs", "maze,sokobann"])
-    assert "unknown environment 'sokobann'; valid environments: maze, minicode" in capsys.readouterr().err
+        bench.main(["--envs", "combination,sokobann"])
+    assert "unknown environment 'sokobann'; valid environments: combination" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         bench.main(["--methods", "gigpo"])
     assert "unknown method 'gigpo'" in capsys.readouterr().err
