@@ -80,6 +80,8 @@ class Goal:
 
 
 SEEDS, QUICK_SEEDS = 5, 2
+PER_RUN_KEYS = frozenset({"trainer.iterations", "trainer.eval_every", "trainer.seed", "trainer.run_dir"})
+"""Config keys the benchmark sets for each run, after ``--set``'s overrides: ``--set`` may not name them."""
 
 
 @dataclass(frozen=True)
@@ -334,6 +336,7 @@ class Run:
         return finished(self.run_dir, self.iterations)
 
     def command(self) -> list[str]:
+        # The per-run keys come last, so PER_RUN_KEYS must name every one of them.
         return train_command(
             [
                 *COMMON,
@@ -725,6 +728,11 @@ def main(argv: list[str] | None = None) -> int:
     if seeds is not None and seeds < 1:
         parser.error("--seeds must be at least 1 (a single seed is a pilot: its lifts get no interval)")
     settings = tuple(args.set)
+    if owned := sorted({s.split("=", 1)[0] for s in settings} & PER_RUN_KEYS):
+        parser.error(
+            f"--set cannot change {', '.join(owned)}: the benchmark sets them for each run (the case's iterations "
+            "and evaluation interval, --first-seed, --out); give the case other sizes in benchmarks/lift.py"
+        )
     try:
         for case in cases:  # a bad key or value fails here, before any run starts
             case.config(settings)

@@ -423,6 +423,11 @@ class TrainerConfig:
     """Evaluate on held-out seeds every this many iterations (and after the last); 0 = only at the end."""
     eval_episodes: int = 32
     """Held-out episodes per evaluation (distinct seeds, never used for training)."""
+    eval_offset: int = 0
+    """Where the held-out episodes start in the held-out seed stream: an evaluation plays held-out
+    episodes ``eval_offset`` to ``eval_offset + eval_episodes - 1``. Another offset gives episodes
+    disjoint from the default ones, to confirm a setting chosen by looking at results on episodes
+    it was not chosen on."""
     eval_sampled: bool = True
     """Also evaluate with sampling (temperature of the rollout), besides greedy."""
     eval_first: bool = True

@@ -10,6 +10,10 @@ import math
 from agent_rl.config.schema import ACTION_PARSERS, AlgorithmConfig, Config, ConfigError, RolloutConfig
 from agent_rl.core.presets import ALGORITHM_PRESETS, KEY_KINDS, LOSS_KWARGS, LOSS_PRESETS
 
+MAX_EVAL_OFFSET = 2**30
+"""Largest ``trainer.eval_offset``: held-out seeds (from ``EVAL_SEED_BASE``, 2**31) stay below the 2**32
+that environments' seeding accepts for any evaluation of up to 2**30 episodes."""
+
 
 def _require(ok: bool, key: str, message: str) -> None:
     if not ok:
@@ -158,6 +162,11 @@ def validate(config: Config) -> None:
     _require(trainer.iterations >= 0, "trainer.iterations", "must be >= 0")
     _require(trainer.eval_every >= 0, "trainer.eval_every", "must be >= 0")
     _require(trainer.eval_episodes >= 1, "trainer.eval_episodes", "must be >= 1")
+    _require(
+        0 <= trainer.eval_offset <= MAX_EVAL_OFFSET,
+        "trainer.eval_offset",
+        f"must be in [0, {MAX_EVAL_OFFSET}], got {trainer.eval_offset}",
+    )
     _require(trainer.confirm_episodes >= 0, "trainer.confirm_episodes", "must be >= 0 (0 = no confirmation)")
     _require(trainer.save_every >= 1, "trainer.save_every", "must be >= 1")
     _require(

@@ -784,6 +784,47 @@ def test_the_confirmation_plays_a_short_last_chunk_and_needs_a_periodic_evaluati
         confirm(_greedy_player([True] * 100, []), 0, 0, 100, 0.9)
 
 
+def test_an_eval_offset_moves_the_evaluation_and_its_confirmation_to_other_held_out_seeds():
+    from agent_rl.config import ConfigError, load_default_config
+    from agent_rl.envs import EVAL_SEED_BASE
+    from agent_rl.training.loop.evaluation import confirm, eval_seeds
+
+    assert eval_seeds(3) == [EVAL_SEED_BASE, EVAL_SEED_BASE + 1, EVAL_SEED_BASE + 2]
+    assert eval_seeds(3, 128) == [EVAL_SEED_BASE + 128, EVAL_SEED_BASE + 129, EVAL_SEED_BASE + 130]
+    assert not set(eval_seeds(128)) & set(eval_seeds(128, 128))  # disjoint held-out episodes
+    # Seeds 128-159 were played (all won); the confirmation goes on from 160, not from 32.
+    calls = []
+    result = confirm(_greedy_player([True] * 256, calls), 32, 32, 64, 0.9, offset=128)
+    assert calls == [list(range(160, 192))] and result["eval/confirm_greedy_episodes"] == 64.0
+    for bad in (-1, 2**30 + 1):
+        with pytest.raises(ConfigError, match="trainer.eval_offset"):
+            load_default_config([f"trainer.eval_offset={bad}"])
+
+
+def test_the_periodic_evaluation_plays_the_held_out_seeds_from_the_offset(monkeypatch):
+    from agent_rl.config import load_default_config
+    from agent_rl.envs import EVAL_SEED_BASE
+    from agent_rl.training.loop import evaluation
+
+    played = []
+
+    def evaluate(envs, engine, tokenizer, seeds, *, greedy, config, progress):
+        played.append(([s - EVAL_SEED_BASE for s in seeds], greedy))
+        return {
+            "success_rate": 0.5,
+            "mean_length": 3.0,
+            "invalid_action_rate": 0.0,
+            "action_entropy": 0.1,
+            "trajectories": len(seeds),
+        }
+
+    monkeypatch.setattr(evaluation, "evaluate", evaluate)
+    config = load_default_config(["trainer.eval_episodes=4", "trainer.eval_offset=128", "trainer.target_success=null"])
+    metrics = evaluation.evaluate_heldout(None, None, None, config)
+    assert played == [([128, 129, 130, 131], True), ([128, 129, 130, 131], False)]
+    assert metrics["eval/greedy_success"] == 0.5 and metrics["eval/greedy_minus_sampled"] == 0.0
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_the_confirmation_decides_as_a_fresh_evaluation_of_every_seed(data):

@@ -31,9 +31,9 @@ from agent_rl.training.serving.envpool import EnvFactory, EnvPool, env_factory, 
 assert EVAL_SEED_BASE > SEED_HIGH  # training seeds are drawn below SEED_HIGH
 
 
-def eval_seeds(episodes: int) -> list[int]:
-    """The first ``episodes`` held-out seeds."""
-    return [EVAL_SEED_BASE + i for i in range(episodes)]
+def eval_seeds(episodes: int, offset: int = 0) -> list[int]:
+    """``episodes`` held-out seeds, from the ``offset``-th on (``trainer.eval_offset``)."""
+    return [EVAL_SEED_BASE + offset + i for i in range(episodes)]
 
 
 def evaluate(
@@ -89,7 +89,7 @@ def evaluate_heldout(
 
     metrics = {}
     for mode in ("greedy", "sampled") if trainer.eval_sampled else ("greedy",):
-        stats = play(eval_seeds(trainer.eval_episodes), mode == "greedy")
+        stats = play(eval_seeds(trainer.eval_episodes, trainer.eval_offset), mode == "greedy")
         metrics.update(
             {
                 f"eval/{mode}_success": stats["success_rate"],
@@ -110,6 +110,7 @@ def evaluate_heldout(
                 wins,
                 trainer.confirm_episodes,
                 trainer.target_success,
+                trainer.eval_offset,
             )
         )
     return metrics
@@ -121,10 +122,15 @@ def wins_of(stats: dict[str, float]) -> int:
 
 
 def confirm(
-    play_greedy: Callable[[Sequence[int]], int], played: int, wins: int, episodes: int, target: float
+    play_greedy: Callable[[Sequence[int]], int],
+    played: int,
+    wins: int,
+    episodes: int,
+    target: float,
+    offset: int = 0,
 ) -> dict[str, float]:
-    """Extend a greedy evaluation of the first ``played`` held-out seeds (``wins`` won) to the first
-    ``episodes``, ``played`` more at a time, while greedy success on all ``episodes`` can still reach
+    """Extend a greedy evaluation of the first ``played`` held-out seeds from ``offset`` (``wins`` won)
+    to the first ``episodes``, ``played`` more at a time, while greedy success on all ``episodes`` can still reach
     ``target``. Greedy play of a seed is deterministic, so the decision is the one a fresh evaluation
     on ``episodes`` seeds would make, but a policy far from the target costs only a chunk or none.
     Returns ``eval/confirm_greedy_success`` over the seeds played and ``eval/confirm_greedy_episodes``
@@ -134,7 +140,7 @@ def confirm(
     allowed = math.floor(episodes * (1 - target) + 1e-9)  # losses that still leave the target reachable
     total = played
     while total - wins <= allowed and total < episodes:
-        seeds = eval_seeds(min(episodes, total + played))[total:]
+        seeds = eval_seeds(min(episodes, total + played), offset)[total:]
         wins += play_greedy(seeds)
         total += len(seeds)
     if total == played:
@@ -192,7 +198,7 @@ def evaluate_policy(
     model, tokenizer = load_policy(model_dir, device=resolve_device(config.policy.device))
     engine = engine_from_config(config, model, tokenizer)
     try:
-        seeds = eval_seeds(config.trainer.eval_episodes)
+        seeds = eval_seeds(config.trainer.eval_episodes, config.trainer.eval_offset)
         results: dict[str, Any] = {"model": str(model_dir), "env": config.env.id, "episodes": len(seeds)}
         for mode in ("greedy", "sampled") if sampled else ("greedy",):
             stats = evaluate(
