@@ -34,12 +34,17 @@ import agent_rl
 from agent_rl import envs  # noqa: F401  (registers the bundled environments)
 from agent_rl.benchmarks.common import write_result
 from agent_rl.benchmarks.harness import thread_environment, threads_override, train_command
+from agent_rl.benchmarks.lift import CASES
 from agent_rl.config import RolloutConfig
 from agent_rl.training.models.policy import load_tokenizer, policy_dir
 from agent_rl.training.models.prompts import PromptFormat
 
-FROZENLAKE_CASE = ("sft.mode=random", "rollout.history_turns=0")
-"""The ``frozenlake`` lift case's settings besides its env id and tokenizer (``agent_rl.benchmarks.lift``)."""
+FROZENLAKE_CASE = tuple(
+    override
+    for override in next(case for case in CASES if case.name == "frozenlake").overrides
+    if not override.startswith(("env.id=", "policy.tokenizer_envs="))
+)
+"""The ``frozenlake`` lift case's settings besides its env id and tokenizer, which the arms set."""
 GROUPS = 4
 """Groups an iteration (``--groups``): the 4 the lift case played when the committed results before
 ``long_prompt_run_nofloor`` were measured; the library's default is 16."""
