@@ -475,6 +475,7 @@ def cell_summary(records: list[dict]) -> dict[str, Any]:
         "final_greedy_success": float(greedy[-1]),
         "final_invalid_rate": float(evals[-1]["eval/sampled_invalid_rate"]),
         "final_episode_length": float(evals[-1]["eval/sampled_length"]),
+        "train_invalid_rate": mean_of("rollout/invalid_rate"),
         "grouped_fraction": mean_of("anchors/grouped_fraction"),
         "mean_anchor_group_size": mean_of("anchors/mean_group_size"),
         "credit_share_of_iteration": phases["advantage"] / sum(phases.values()) if sum(phases.values()) else 0.0,
@@ -532,7 +533,13 @@ def summarize(jobs: dict[str, list[Job]], gates: dict[str, Gate], gate_points: f
         for method, seeds in cells.items():
             result: dict[str, Any] = {"seeds": seeds}
             if seeds:
-                for key in (*PAIRED_METRICS, "grouped_fraction", "mean_anchor_group_size", "credit_share_of_iteration"):
+                for key in (
+                    *PAIRED_METRICS,
+                    "train_invalid_rate",
+                    "grouped_fraction",
+                    "mean_anchor_group_size",
+                    "credit_share_of_iteration",
+                ):
                     values = [s[key] for s in seeds.values() if s[key] is not None]
                     result[key] = seed_mean(values) if values else None
                 curves = np.array([s["sampled_success"] for s in seeds.values()])
@@ -619,8 +626,8 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
             "",
             f"| method | seeds | {MEASURE_NAMES[PRIMARY_MEASURE]} | vs baseline (95% CI) | Wilcoxon p | wins/losses | "
             f"per-seed difference | {MEASURE_NAMES[SECONDARY_AUC]} vs baseline | final greedy | final sampled | "
-            "final invalid rate | steps in anchor groups >= 2 | credit's share of time |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "final invalid rate | training invalid rate | steps in anchor groups >= 2 | credit's share of time |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for method, r in env["methods"].items():
             if not r["seeds"]:
@@ -638,7 +645,8 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
             lines.append(
                 f"| {method} | {len(r['seeds'])} | {mean_plus_minus(r[PRIMARY_MEASURE])} | {versus} | "
                 f"{mean_plus_minus(r['final_greedy_success'])} | {mean_plus_minus(r['final_sampled_success'])} | "
-                f"{mean_plus_minus(r['final_invalid_rate'])} | {grouped} | "
+                f"{mean_plus_minus(r['final_invalid_rate'])} | {mean_plus_minus(r['train_invalid_rate'])} | "
+                f"{grouped} | "
                 f"{100 * r['credit_share_of_iteration']['mean']:.2f}% |"
             )
         primary = {m: r["paired"]["primary"] for m, r in env["methods"].items() if "primary" in r.get("paired", {})}

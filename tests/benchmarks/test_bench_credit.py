@@ -30,6 +30,8 @@ def _records(iterations, greedy, sampled=None, invalid=0.1, length=9.0, grouped=
             "time/update": 4.0,
             "time/sync": 0.0,
         }
+        if it > 0:
+            record["rollout/invalid_rate"] = invalid / 2
         if grouped is not None and it > 0:
             record["anchors/grouped_fraction"] = grouped
             record["anchors/mean_group_size"] = 3.0
@@ -123,6 +125,9 @@ def test_summary_pairs_each_method_with_the_baseline_on_shared_seeds(tmp_path):
     assert paired["greedy_auc"]["mean"] == pytest.approx(0.125) and paired["greedy_auc"]["wins"] == 2
     assert paired["sampled_auc"]["per_seed"] == pytest.approx([0.075, 0.05])
     assert paired["final_invalid_rate"]["per_seed"] == pytest.approx([-0.05, -0.05])
+    # The training rollouts' invalid-action rate, averaged over a cell's iterations, then over seeds.
+    assert step["train_invalid_rate"]["mean"] == pytest.approx(0.025)
+    assert trajectory["seeds"][0]["train_invalid_rate"] == pytest.approx(0.05)
     # The declared measure alone is tested over the family (here one comparison): differences 0.15 and
     # 0.1 give t = 0.125 / 0.025 = 5 on 1 degree of freedom, p = 1 - 2 atan(5) / pi = 0.1257.
     primary = paired["primary"]
