@@ -20,6 +20,8 @@ RESULTS_DIR = (
 )
 """Where results go unless ``--out`` says otherwise: ``benchmarks/results`` of the source checkout, or
 of the working directory when the benchmarks run from an installed package."""
+CHECKOUT = RESULTS_DIR.parents[1]
+"""The directory that holds ``benchmarks/results``: result files name paths inside it relative to it."""
 
 
 def machine_info() -> dict[str, Any]:
@@ -63,20 +65,23 @@ def best_of(fn: Callable[[], Any], repeats: int, setup: Callable[[], Any] | None
     return best
 
 
-def _finite(value: Any) -> Any:
+def _portable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
+    if isinstance(value, str) and value.startswith(f"{CHECKOUT}{os.sep}"):
+        return value[len(str(CHECKOUT)) + 1 :]
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: _portable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
+        return [_portable(v) for v in value]
     return value
 
 
 def write_json(path: Path, payload: Any, indent: int = 2) -> None:
     """``payload`` as standard JSON: a measure that was not taken (NaN, an infinity) is null, which
-    every JSON reader parses (``NaN`` is not JSON)."""
-    path.write_text(json.dumps(_finite(payload), indent=indent, allow_nan=False) + "\n")
+    every JSON reader parses (``NaN`` is not JSON), and a path inside the checkout (a run directory, a
+    model) is written relative to it, so a committed result names no machine's directories."""
+    path.write_text(json.dumps(_portable(payload), indent=indent, allow_nan=False) + "\n")
 
 
 def write_result(name: str, payload: dict[str, Any], out_dir: Path | None = None) -> Path:

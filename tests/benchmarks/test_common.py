@@ -82,3 +82,19 @@ def test_result_json_writes_a_measure_not_taken_as_null(tmp_path):
         "name": "say",
         "ok": True,
     }
+
+
+def test_result_json_names_paths_inside_the_checkout_relative_to_it(tmp_path):
+    import json
+
+    from agent_rl.benchmarks.common import CHECKOUT, RESULTS_DIR, write_json
+
+    run = RESULTS_DIR / "lift" / "runs" / "say" / "seed0"
+    payload = {"run_dir": str(run), "models": [str(CHECKOUT / "model")], "elsewhere": "/opt/model", "name": "say"}
+    write_json(tmp_path / "summary.json", payload)
+    assert json.loads((tmp_path / "summary.json").read_text()) == {
+        "run_dir": "benchmarks/results/lift/runs/say/seed0",
+        "models": ["model"],
+        "elsewhere": "/opt/model",  # outside the checkout: as it was
+        "name": "say",
+    }
