@@ -51,6 +51,7 @@ from agent_rl.benchmarks.report import (
     area_under,
     mean_plus_minus,
     mean_with_interval,
+    p_value,
     plot_curves,
     plot_paired,
     seed_mean,
@@ -95,6 +96,7 @@ COMMON = (
     "logging.console=false",
 )
 
+
 # The grid's environment, chosen by pilots of trajectory-only credit with the library's learner on
 # seeds 100-104, none of them a grid seed (benchmarks/results/credit_pilots/combination_trajectory/):
 # from the random-action warm start, with four dials it reached 100% greedy success on 4 of 5 seeds
@@ -105,19 +107,39 @@ COMMON = (
 # slower seeds time to learn and the AUC the resolution to show speed; a cell takes a few minutes.
 # Ungated: the pilots' baseline learned on 4 of 5 seeds, so one seed's verdict would stop the grid
 # about one time in five; what counts is on how many of the 10 seeds it learned, which the report gives.
+def combination_overrides(env_id: str) -> tuple[str, ...]:
+    """A combination lock from a random-action warm start, no history turn (the observation shows
+    the current dial), 30 iterations evaluated every 2 on 128 held-out episodes."""
+    return (
+        f"env.id=benchmarks.lift_envs:{env_id}",
+        "rollout.history_turns=0",
+        "sft.mode=random",
+        "trainer.iterations=30",
+        "trainer.eval_every=2",
+        "trainer.eval_episodes=128",
+    )
+
+
+# The branching lock joined the grid after the first environment's results, declared before any of
+# its runs (credit_grid2/PLAN.md, amendment): on Combination every trajectory of a group passes the
+# same dials, so an anchor group is the whole group and GiGPO's step term repeats the episode term.
+# In the branching lock a turn decides which dial comes next, so the trajectories of a group part
+# ways and their later states differ. Its pilots of trajectory-only credit ran on seeds 100-104
+# (benchmarks/results/credit_pilots/branching_trajectory/).
 FULL_GRID = (
     Environment(
         "combination",
         "lift/Combination-v0 (four dials, each turned up or down by a table the text never shows, one reward at "
         "the end; random play wins 1/16) from a random-action warm start",
-        (
-            "env.id=benchmarks.lift_envs:lift/Combination-v0",
-            "rollout.history_turns=0",
-            "sft.mode=random",
-            "trainer.iterations=30",
-            "trainer.eval_every=2",
-            "trainer.eval_episodes=128",
-        ),
+        combination_overrides("lift/Combination-v0"),
+        ("trajectory", "gigpo-observation", "graph-observation"),
+        gated=False,
+    ),
+    Environment(
+        "branching",
+        "lift/BranchingCombination-v0 (the same lock, its dials a binary tree: each turn decides which dial comes "
+        "next; random play wins 1/16) from a random-action warm start",
+        combination_overrides("lift/BranchingCombination-v0"),
         ("trajectory", "gigpo-observation", "graph-observation"),
         gated=False,
     ),
@@ -656,7 +678,7 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
                 verdict = "a difference" if p["significant"] else "no difference shown"
                 lines.append(
                     f"- {method}: {100 * p['mean']:+.1f} points; Holm over the {p['family_size']} comparisons: t-test "
-                    f"p = {p['holm_t_p']:.3f}, Wilcoxon p = {p['holm_wilcoxon_p']:.3f}, family interval "
+                    f"p {p_value(p['holm_t_p'])}, Wilcoxon p {p_value(p['holm_wilcoxon_p'])}, family interval "
                     f"[{100 * p['adjusted_ci_low']:+.1f}, {100 * p['adjusted_ci_high']:+.1f}]: {verdict} at 5% "
                     "family-wise."
                 )

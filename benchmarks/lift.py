@@ -43,7 +43,14 @@ from agent_rl.benchmarks.harness import (
     train_command,
 )
 from agent_rl.benchmarks.paired_stats import PairedDifference, adjust_family, mean_interval, paired_difference
-from agent_rl.benchmarks.report import mean_with_interval, percent, plot_curves, plot_paired, signed_points
+from agent_rl.benchmarks.report import (
+    mean_with_interval,
+    p_value,
+    percent,
+    plot_curves,
+    plot_paired,
+    signed_points,
+)
 
 OUT_DIR = RESULTS_DIR / "lift"
 REACH = 0.95
@@ -588,12 +595,12 @@ def comparison_lines(summary: dict[str, Any]) -> list[str]:
         line = (
             f"{c['case']} against `{c['vs_baseline']['baseline']}` (paired on seeds {c['vs_baseline']['seeds']}): "
             f"final greedy success {d['mean']:+.1f} points [{d['ci_low']:+.1f}, {d['ci_high']:+.1f}], "
-            f"{d['wins']} wins, {d['losses']} losses, Wilcoxon p = {d['wilcoxon_p']:.3f}"
+            f"{d['wins']} wins, {d['losses']} losses, Wilcoxon p {p_value(d['wilcoxon_p'])}"
         )
         if "primary" in c["vs_baseline"]:
             line += (
-                f"; Holm over the {d['family_size']} declared case(s): t-test p = {d['holm_t_p']:.3f}, Wilcoxon "
-                f"p = {d['holm_wilcoxon_p']:.3f}, family interval [{d['adjusted_ci_low']:+.1f}, "
+                f"; Holm over the {d['family_size']} declared case(s): t-test p {p_value(d['holm_t_p'])}, Wilcoxon "
+                f"p {p_value(d['holm_wilcoxon_p'])}, family interval [{d['adjusted_ci_low']:+.1f}, "
                 f"{d['adjusted_ci_high']:+.1f}]: {'a difference' if d['significant'] else 'no difference shown'} at "
                 "5% family-wise."
             )

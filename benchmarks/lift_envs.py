@@ -10,6 +10,11 @@ written the way a user writes one (no ``agent_rl.envs.TextEnv`` base class), reg
   shows a symbol, and a table that nothing in the text reveals says whether that symbol's dial turns
   up or down. The lock opens (reward 1) only when all four turns were right, and says nothing before
   that. Random play wins 1/16; a policy that reads each dial's symbol wins every time.
+- ``lift/BranchingCombination-v0``: the same lock, but which dial comes next depends on the turn:
+  the dials form a binary tree (up to one child, down to the other), each with its own symbol and
+  its node number in the text. Where a turn leads says nothing about whether it was right (that
+  takes the hidden table), yet trajectories that turned differently go on to different dials, so
+  their later states differ. Random play wins 1/16.
 
     agent-rl train env.id=benchmarks.lift_envs:lift/Bandit-v0
 """
@@ -74,35 +79,39 @@ DIALS = 4
 class Combination(gym.Env):
     """Turn each of ``dials`` dials (four by default) up or down as its symbol demands; the lock
     opens only when all are right. An invalid action leaves the dial as it is and says so; 12 turns
-    end the episode."""
+    end the episode. With ``branching``, the dials are the nodes of a binary tree of that depth, and
+    a turn up or down leads to one child or the other."""
 
     observation_space = action_space = gym.spaces.Text(96, charset=string.printable)
     turns = ("up", "down")
     time_limit = 12
 
-    def __init__(self, dials: int = DIALS):
+    def __init__(self, dials: int = DIALS, branching: bool = False):
         if not isinstance(dials, int) or dials < 1:
             raise ValueError(f"dials must be a positive integer, got {dials!r}")
-        self.dials = dials
+        self.dials, self.branching = dials, bool(branching)
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
-        self.symbols = [SYMBOLS[int(i)] for i in self.np_random.integers(len(SYMBOLS), size=self.dials)]
-        self.dial = self.elapsed = 0
+        nodes = 2**self.dials - 1 if self.branching else self.dials
+        self.symbols = [SYMBOLS[int(i)] for i in self.np_random.integers(len(SYMBOLS), size=nodes)]
+        self.dial = self.node = self.elapsed = 0
         self.all_right = True
         info = {"task": "Open the lock: turn each dial up or down.", "admissible_actions": list(self.turns)}
         return self._shows(), info
 
     def _shows(self) -> str:
-        return f"Dial {self.dial + 1} of {self.dials} shows {self.symbols[self.dial]}."
+        where = f" (node {self.node + 1})" if self.branching else ""
+        return f"Dial {self.dial + 1} of {self.dials}{where} shows {self.symbols[self.node]}."
 
     def step(self, action):
         self.elapsed += 1
         valid = action in self.turns
         info = {"action_valid": valid, "admissible_actions": list(self.turns), "won": False}
         if valid:
-            self.all_right &= action == TURN_OF_SYMBOL[self.symbols[self.dial]]
+            self.all_right &= action == TURN_OF_SYMBOL[self.symbols[self.node]]
             self.dial += 1
+            self.node = 2 * self.node + 1 + self.turns.index(action) if self.branching else self.dial
         if self.dial == self.dials:
             info["won"] = self.all_right
             return (
@@ -119,3 +128,4 @@ class Combination(gym.Env):
 gym.register("lift/SayTheNumber-v0", entry_point=SayTheNumber)
 gym.register("lift/Bandit-v0", entry_point=Bandit)
 gym.register("lift/Combination-v0", entry_point=Combination)
+gym.register("lift/BranchingCombination-v0", entry_point=Combination, kwargs={"branching": True})

@@ -30,6 +30,11 @@ def percent(x: float | None) -> str:
     return "-" if x is None or np.isnan(x) else f"{100 * x:.1f}%"
 
 
+def p_value(p: float) -> str:
+    """A p-value to three decimals; one that rounds to zero as "< 0.001" (a p-value is never 0)."""
+    return "< 0.001" if p < 0.0005 else f"= {p:.3f}"
+
+
 def signed_points(x: float) -> str:
     return "-" if np.isnan(x) else f"{x:+.1f}"
 

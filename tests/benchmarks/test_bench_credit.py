@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from agent_rl.benchmarks import credit_assignment as bench
-from agent_rl.benchmarks.report import area_under
+from agent_rl.benchmarks.report import area_under, p_value
 from agent_rl.cli import main as cli_main
 
 
@@ -65,6 +65,10 @@ def test_area_under_is_the_mean_height_of_the_curve():
     # Uneven spacing: (0 + 1) / 2 * 10 + 1 * 20 = 25 over 30 iterations.
     assert area_under(np.array([0.0, 10, 30]), np.array([0.0, 1.0, 1.0])) == pytest.approx(25 / 30)
     assert area_under(np.array([3.0]), np.array([0.7])) == pytest.approx(0.7)
+
+
+def test_p_values_are_never_shown_as_zero():
+    assert [p_value(p) for p in (0.1257, 0.0005, 0.00049, 1.0)] == ["= 0.126", "= 0.001", "< 0.001", "= 1.000"]
 
 
 def test_pilot_gate_compares_the_last_two_evaluations_with_iteration_zero():
@@ -318,7 +322,7 @@ def test_every_full_grid_run_has_valid_settings():
 def test_unknown_names_are_errors_that_list_the_valid_ones(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--envs", "combination,sokobann"])
-    assert "unknown environment 'sokobann'; valid environments: combination" in capsys.readouterr().err
+    assert "unknown environment 'sokobann'; valid environments: combination, branching" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         bench.main(["--methods", "gigpo"])
     assert "unknown method 'gigpo'" in capsys.readouterr().err

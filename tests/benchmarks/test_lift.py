@@ -150,6 +150,37 @@ def test_a_combination_of_fewer_dials_opens_after_that_many_right_turns(dials):
             gym.make("lift/Combination-v0", dials=bad)
 
 
+def test_the_branching_combination_goes_on_to_the_dial_its_turn_leads_to():
+    env = gym.make("lift/BranchingCombination-v0")
+    check_text_env(env)
+    lock = env.unwrapped
+    first, _ = env.reset(seed=3)
+    symbols = list(lock.symbols)
+    assert len(symbols) == 15 and first == f"Dial 1 of 4 (node 1) shows {symbols[0]}."
+    # Up leads to node 2, down to node 3 (heap order); every turn of a path, up or down, goes one level deeper.
+    after_up = env.step("up")[0]
+    env.reset(seed=3)
+    after_down = env.step("down")[0]
+    assert after_up == f"Dial 2 of 4 (node 2) shows {symbols[1]}." and after_down.startswith("Dial 2 of 4 (node 3) ")
+    # The path down, up, down visits nodes 1, 3, 6, 13; the lock opens only if each turn was the one its symbol demands.
+    for turns in (("down", "up", "down", "up"), ("down", "up", "down", "down")):
+        env.reset(seed=3)
+        path = [0, 2, 5, 12]
+        for turn in turns:
+            observation, reward, terminated, _, info = env.step(turn)
+        won = all(turn == TURN_OF_SYMBOL[symbols[node]] for turn, node in zip(turns, path))
+        assert terminated and reward == float(won) and info["won"] == won
+    # An invalid turn stays at the node.
+    env.reset(seed=3)
+    assert env.step("left")[0] == f"Turn up or down. {first}"
+    # Over seeds, following the table wins every time.
+    for seed in range(16):
+        observation, _ = env.reset(seed=seed)
+        for _ in range(4):
+            observation, reward, *_ = env.step(TURN_OF_SYMBOL[observation.split()[-1].rstrip(".")])
+        assert reward == 1.0
+
+
 def test_every_case_is_a_valid_config():
     for case in (*lift.CASES, *lift.QUICK_CASES):
         config = case.config((f"trainer.iterations={case.iterations}",))
