@@ -425,9 +425,11 @@ class TrainerConfig:
     """Held-out episodes per evaluation (distinct seeds, never used for training)."""
     eval_offset: int = 0
     """Where the held-out episodes start in the held-out seed stream: an evaluation plays held-out
-    episodes ``eval_offset`` to ``eval_offset + eval_episodes - 1``. Another offset gives episodes
+    seeds ``eval_offset`` to ``eval_offset + eval_episodes - 1``. Another offset gives seeds
     disjoint from the default ones, to confirm a setting chosen by looking at results on episodes
-    it was not chosen on."""
+    it was not chosen on (new instances where the environment builds each from its seed, as the
+    bundled games do; an environment that picks from a finite held-out pool, as TextWorld does,
+    picks again from that pool)."""
     eval_sampled: bool = True
     """Also evaluate with sampling (temperature of the rollout), besides greedy."""
     eval_first: bool = True
