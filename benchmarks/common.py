@@ -7,6 +7,7 @@ import json
 import math
 import os
 import platform
+import re
 import signal
 import subprocess
 import time
@@ -24,11 +25,22 @@ CHECKOUT = RESULTS_DIR.parents[1]
 """The directory that holds ``benchmarks/results``: result files name paths inside it relative to it."""
 
 
+def cpu_model(cpuinfo: str | Path = "/proc/cpuinfo") -> str | None:
+    """The CPU's model name as the kernel reports it (None where there is no ``cpuinfo``)."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return None
+    match = re.search(r"^model name\s*:\s*(.+)$", text, re.MULTILINE)
+    return match.group(1).strip() if match else None
+
+
 def machine_info() -> dict[str, Any]:
     info: dict[str, Any] = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "load_average_1_5_15min": [round(load, 2) for load in os.getloadavg()],  # other jobs share the CPU
         "python": platform.python_version(),
@@ -46,6 +58,7 @@ def machine_info() -> dict[str, Any]:
 
         info["torch"] = torch.__version__
         info["torch_threads"] = torch.get_num_threads()
+        info["torch_cpu_capability"] = torch.backends.cpu.get_cpu_capability()  # AVX2 or AVX512: timings differ
         info["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     except ImportError:
         pass

@@ -1,4 +1,4 @@
-"""Shared benchmark plumbing: the runs a benchmark starts stop with it."""
+"""Shared benchmark plumbing: the runs a benchmark starts stop with it; result files say what machine ran them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from agent_rl.benchmarks.common import runs_stop_with_this_process, stopped
+from agent_rl.benchmarks.common import cpu_model, machine_info, runs_stop_with_this_process, stopped
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 STUBBORN = [
@@ -98,3 +98,21 @@ def test_result_json_names_paths_inside_the_checkout_relative_to_it(tmp_path):
         "elsewhere": "/opt/model",  # outside the checkout: as it was
         "name": "say",
     }
+
+
+def test_cpu_model_is_read_from_the_first_processor_entry(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9B14 96-Core Processor \nflags\t\t: avx2\n\n"
+        "processor\t: 1\nmodel name\t: another\n"
+    )
+    assert cpu_model(cpuinfo) == "AMD EPYC 9B14 96-Core Processor"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: avx2\n")  # some kernels (arm64) name no model
+    assert cpu_model(cpuinfo) is None
+    assert cpu_model(tmp_path / "absent") is None
+
+
+def test_machine_info_names_the_instruction_set_torch_runs_on():
+    info = machine_info()
+    assert info["torch_cpu_capability"] in {"DEFAULT", "VSX", "Z VECTOR", "NO AVX", "AVX2", "AVX512", "SVE256"}
+    assert info["cpu_model"] is None or info["cpu_model"].strip() == info["cpu_model"] != ""
