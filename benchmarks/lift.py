@@ -321,10 +321,13 @@ class Run:
 
     @property
     def warm_start_in_training(self) -> bool:
-        """Whether another process is training in the run directory that holds the shared warm start."""
+        """Whether another process is training the shared warm start: a run in its directory, or a lift
+        that holds its ``--out`` (``<out>/runs/<case>/seed<k>``) and has yet to start that run."""
         from agent_rl.training.loop.run_dir import run_dir_in_use
 
-        return self.warm_start is not None and run_dir_in_use(self.warm_start)
+        return self.warm_start is not None and (
+            run_dir_in_use(self.warm_start) or run_dir_in_use(self.warm_start.parents[2])
+        )
 
     def warm_start_overrides(self) -> tuple[str, ...]:
         """``policy=`` the shared warm start and no warm start of its own (none without ``warm_start``)."""
@@ -759,6 +762,12 @@ def main(argv: list[str] | None = None) -> int:
         for run in runs:  # a missing warm start that no process is training fails here, before any run starts
             if not run.done and (problem := run.warm_start_problem()) and not run.warm_start_in_training:
                 parser.error(f"--warm-starts-from: {problem}")
+        from agent_rl.training.loop.run_dir import hold_dir
+
+        try:  # held while training, so that a lift started --warm-starts-from this --out waits for its runs
+            out_lock = hold_dir(args.out, f"--out {args.out} is in use by another lift; wait for it or choose another")
+        except FileExistsError as exc:
+            parser.error(str(exc))
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns) as progress:
             try:
@@ -775,6 +784,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             except KeyboardInterrupt as exc:
                 return stopped("lift", exc)
+            finally:
+                out_lock.release()
     # The summary covers every finished run under --out, whichever cases and seeds this call named.
     finished = [
         run

@@ -352,6 +352,16 @@ def test_bad_settings_fail_before_any_run(tmp_path, capsys):
     assert "--seeds must be at least 1" in capsys.readouterr().err and not (tmp_path / "runs").exists()
 
 
+def test_a_second_lift_on_the_same_out_stops_before_training(tmp_path, capsys):
+    from filelock import FileLock
+
+    from agent_rl.training.loop.run_dir import LOCK_FILE
+
+    with FileLock(tmp_path / LOCK_FILE), pytest.raises(SystemExit):  # as a running lift holds its --out
+        lift.main(["--quick", "--out", str(tmp_path)])
+    assert "is in use by another lift" in capsys.readouterr().err and not (tmp_path / "runs").exists()
+
+
 def test_a_run_waits_for_a_warm_start_only_while_another_process_trains_it(tmp_path):
     from filelock import FileLock
 
@@ -361,8 +371,10 @@ def test_a_run_waits_for_a_warm_start_only_while_another_process_trains_it(tmp_p
     (run,) = lift.plan(lift.QUICK_CASES[:1], 1, tmp_path / "pilot", warm_starts_from=tmp_path / "defaults")
     assert run.warm_start == other and "no 'sft' checkpoint" in run.warm_start_problem()
     assert not run.warm_start_in_training
-    other.mkdir(parents=True)
-    with FileLock(other / LOCK_FILE):  # as the lift training the defaults holds it
+    with FileLock(tmp_path / "defaults" / LOCK_FILE):  # a lift holds its --out before it starts this run
+        assert run.warm_start_in_training
+    assert not run.warm_start_in_training
+    with FileLock(other / LOCK_FILE):  # the run training the defaults' warm start holds its directory
         assert run.warm_start_in_training
     assert not run.warm_start_in_training
     (alone,) = lift.plan(lift.QUICK_CASES[:1], 1, tmp_path / "own")

@@ -33,30 +33,38 @@ def default_run_dir(config: Config) -> Path:
 
 
 LOCK_FILE = ".agent-rl.lock"
-"""Held by the process training in the directory, for as long as it trains."""
+"""Held by the process training in the directory (or a benchmark training runs under it), for as long as it trains."""
+
+
+def hold_dir(path: Path, in_use: str) -> FileLock:
+    """Hold ``path`` (its :data:`LOCK_FILE`) for this process, creating it if needed; ``FileExistsError``
+    with ``in_use`` when another process holds it. The operating system releases the lock when the
+    process ends, however it ends."""
+    path.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(path / LOCK_FILE)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise FileExistsError(in_use) from None
+    return lock
 
 
 def lock_run_dir(run_dir: Path, dist: DistContext) -> FileLock | None:
     """Hold ``run_dir`` for this run (rank 0 for every learner process): a second process training
     in it (a benchmark started twice, a resume beside the live run) would delete the first one's
-    checkpoint save in progress and interleave its logs. The operating system releases the lock when
-    the process ends, however it ends."""
+    checkpoint save in progress and interleave its logs."""
     if not dist.is_main:
         return None
-    run_dir.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(run_dir / LOCK_FILE)
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        raise FileExistsError(
-            f"run directory {str(run_dir)!r} is in use by another training process; wait for it to end (or stop "
-            "it: it saves a checkpoint to resume from) or choose another trainer.run_dir"
-        ) from None
-    return lock
+    return hold_dir(
+        run_dir,
+        f"run directory {str(run_dir)!r} is in use by another training process; wait for it to end (or stop "
+        "it: it saves a checkpoint to resume from) or choose another trainer.run_dir",
+    )
 
 
 def run_dir_in_use(run_dir: Path) -> bool:
-    """Whether a process is training in ``run_dir`` now (it holds :func:`lock_run_dir`'s lock)."""
+    """Whether a process holds ``run_dir`` now (:func:`hold_dir`: a run training in it, or a benchmark
+    training runs under it)."""
     if not (Path(run_dir) / LOCK_FILE).is_file():
         return False
     lock = FileLock(Path(run_dir) / LOCK_FILE)
