@@ -298,13 +298,18 @@ class Run:
     settings: tuple[str, ...] = ()
     """Overrides on top of the case's (``--set``)."""
     engine: str = "auto"
-    warm_start: Path | None = None
-    """Another run directory of this case and seed (``--warm-starts-from``): this run starts from its
-    warm-start checkpoint (``sft``) instead of training its own."""
+    warm_starts_from: Path | None = None
+    """Another lift's ``--out`` (``--warm-starts-from``): this run starts from the warm-start checkpoint
+    (``sft``) of that lift's run of the same case and seed instead of training its own."""
 
     @property
     def name(self) -> str:
         return f"{self.case.name} seed {self.seed}"
+
+    @property
+    def warm_start(self) -> Path | None:
+        """The run directory whose warm start this run shares (None without ``warm_starts_from``)."""
+        return None if self.warm_starts_from is None else run_path(self.warm_starts_from, self.case, self.seed)
 
     def warm_start_problem(self) -> str | None:
         """Why the shared warm start cannot be used yet (its checkpoint is missing or broken); None
@@ -322,15 +327,15 @@ class Run:
     @property
     def warm_start_in_training(self) -> bool:
         """Whether another process is training the shared warm start: a run in its directory, or a lift
-        that holds its ``--out`` (``<out>/runs/<case>/seed<k>``) and has yet to start that run."""
+        that holds ``warm_starts_from`` (its ``--out``) and has yet to start that run."""
         from agent_rl.training.loop.run_dir import run_dir_in_use
 
         return self.warm_start is not None and (
-            run_dir_in_use(self.warm_start) or run_dir_in_use(self.warm_start.parents[2])
+            run_dir_in_use(self.warm_start) or run_dir_in_use(self.warm_starts_from)
         )
 
     def warm_start_overrides(self) -> tuple[str, ...]:
-        """``policy=`` the shared warm start and no warm start of its own (none without ``warm_start``)."""
+        """``policy=`` the shared warm start and no warm start of its own (none without ``warm_starts_from``)."""
         if self.warm_start is None:
             return ()
         from agent_rl.training.infra.checkpoint import find_checkpoint
@@ -367,6 +372,11 @@ class Run:
         return thread_environment(self.case.threads)
 
 
+def run_path(out: Path, case: Case, seed: int) -> Path:
+    """Where a lift keeps its run of ``case`` and ``seed``: ``<out>/runs/<case>/seed<k>``."""
+    return out / "runs" / case.name / f"seed{seed}"
+
+
 def seeds_present(out: Path, case: Case) -> int:
     """One more than the highest ``seed<k>`` directory of ``case`` under ``out`` (0 when none)."""
     found = [int(p.name[4:]) for p in (out / "runs" / case.name).glob("seed*") if p.name[4:].isdigit()]
@@ -386,14 +396,7 @@ def plan(
     (fresh seeds confirm a setting that was chosen by looking at others); with ``warm_starts_from``
     (another ``--out``), each starts from the warm start of that one's run of the same case and seed."""
     return [
-        Run(
-            case,
-            seed,
-            out / "runs" / case.name / f"seed{seed}",
-            settings,
-            engine,
-            warm_starts_from / "runs" / case.name / f"seed{seed}" if warm_starts_from else None,
-        )
+        Run(case, seed, run_path(out, case, seed), settings, engine, warm_starts_from)
         for case in cases
         for seed in range(first_seed, first_seed + (case.seeds if seeds is None else seeds))
     ]
