@@ -1,0 +1,97 @@
+"""The fixed-route census: which seeds a fixed action sequence wins, and which held-out episodes follow it."""
+
+from __future__ import annotations
+
+import json
+
+import gymnasium as gym
+import pytest
+
+from agent_rl.benchmarks.fixed_routes import census, follows, main, parse_route, route_wins
+
+
+class TwoDoors(gym.Env):
+    """Two steps: ``open`` then the door the seed hides the prize behind (``left`` on even seeds, ``right``
+    on odd ones); any other second action loses, and an unknown first action keeps the episode going."""
+
+    def reset(self, *, seed=None, options=None):
+        self.prize, self.opened = ("left", "right")[seed % 2], False
+        return "closed", {}
+
+    def step(self, action):
+        if not self.opened:
+            self.opened = action == "open"
+            return "open" if self.opened else "closed", 0.0, False, False, {}
+        won = action == self.prize
+        return "done", float(won), True, False, {"won": won}
+
+
+def test_parse_route_splits_on_bars_and_names_an_empty_action():
+    assert parse_route(" open | left ") == ("open", "left")
+    with pytest.raises(ValueError, match="'open||left'"):
+        parse_route("open||left")
+
+
+@pytest.mark.parametrize(
+    ("played", "expected"),
+    [
+        (["open"], True),
+        (["open", "left"], True),
+        (["open", "right"], False),
+        (["open", "left", "x"], False),
+        ([], False),
+        (None, False),
+    ],
+)
+def test_follows_means_a_prefix_of_the_route(played, expected):
+    assert follows(played, ("open", "left")) is expected
+
+
+def test_route_wins_stops_where_the_episode_ends():
+    env = TwoDoors()
+    assert route_wins(env, ("open", "left"), [0, 1, 2, 3]) == [0, 2]
+    assert route_wins(env, ("open", "right", "left"), [0, 1, 2, 3]) == [1, 3]  # "left" never plays
+    assert route_wins(env, ("left", "open"), [0, 1]) == []  # the episode never ends
+
+
+def test_census_counts_followers_their_route_wins_and_wins_off_every_route():
+    routes = {"L": ("open", "left"), "R": ("open", "right")}
+    wins = {"L": {0, 2}, "R": {1, 3}}
+    transcripts = [
+        {"seed": 0, "won": True, "actions": ["open", "left"]},
+        {"seed": 1, "won": False, "actions": ["open", "left"]},
+        {"seed": 2, "won": False, "actions": ["open", "right"]},
+        {"seed": 3, "won": False, "actions": ["close", "open", "left"]},
+        {"seed": 5, "won": True, "actions": ["wait", "open", "right"]},
+    ]
+    assert census(transcripts, routes, wins) == {
+        "episodes": 5,
+        "policy_wins": 2,
+        "distinct_plays": 4,
+        "routes": {"L": {"follows": 2, "route_wins_there": 1}, "R": {"follows": 1, "route_wins_there": 0}},
+        "off_routes": {"episodes": 2, "policy_wins": 1},
+    }
+
+
+def test_main_writes_the_census_of_an_evaluation_file(tmp_path, monkeypatch):
+    monkeypatch.setattr("agent_rl.benchmarks.fixed_routes.make_text_env", lambda env_id: TwoDoors())
+    evaluation = tmp_path / "eval.json"
+    shown = [{"seed": s, "won": s % 2 == 0, "actions": ["open", "left"]} for s in range(4)]
+    evaluation.write_text(json.dumps({"greedy_transcripts": shown}))
+    out = tmp_path / "census.json"
+    assert (
+        main(
+            [str(evaluation), "--env", "two-doors", "--route", "open|left", "--route", "open|right", "--out", str(out)]
+        )
+        == 0
+    )
+    result = json.loads(out.read_text())
+    assert result["route_wins"] == {"open|left": 2, "open|right": 2} and result["any_route_wins"] == 4
+    assert result["evaluations"][str(evaluation)]["routes"]["open|left"] == {"follows": 4, "route_wins_there": 2}
+
+
+def test_main_names_a_missing_transcript_list(tmp_path, capsys):
+    evaluation = tmp_path / "eval.json"
+    evaluation.write_text(json.dumps({"greedy_success_rate": 0.5}))
+    assert main([str(evaluation), "--env", "x", "--route", "a", "--out", str(tmp_path / "c.json")]) == 2
+    assert "greedy_transcripts" in capsys.readouterr().err
