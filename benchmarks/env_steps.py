@@ -28,7 +28,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from agent_rl.benchmarks.common import write_result
-from agent_rl.envs import oracle_actions, text_env_specs
+from agent_rl.envs import oracle_actions, plays_to_a_win, text_env_specs
 from agent_rl.envs.registration import NAMESPACE
 
 TARGET_STEPS_PER_S = {
@@ -105,12 +105,7 @@ def oracle_success(env: gym.Env, episodes: int) -> dict | None:
             plan = oracle_actions(env)
         except NotImplementedError:
             return None
-        info = {"won": False}
-        for action in plan:
-            *_, terminated, truncated, info = env.step(action)
-            if terminated or truncated:
-                break
-        wins += bool(info["won"])
+        wins += plays_to_a_win(env, plan)
         lengths.append(len(plan))
     return {
         "episodes": episodes,

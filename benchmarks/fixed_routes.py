@@ -24,7 +24,7 @@ from typing import Any
 import gymnasium as gym
 
 from agent_rl.benchmarks.common import machine_info, write_json
-from agent_rl.envs import make_text_env, step_won
+from agent_rl.envs import make_text_env, plays_to_a_win
 
 
 def parse_route(text: str) -> tuple[str, ...]:
@@ -46,12 +46,8 @@ def route_wins(env: gym.Env, route: Sequence[str], seeds: Sequence[int]) -> list
     winning = []
     for seed in seeds:
         env.reset(seed=int(seed))
-        for action in route:
-            _, reward, terminated, truncated, info = env.step(action)
-            if terminated or truncated:
-                if step_won(info, terminated, float(reward)):
-                    winning.append(int(seed))
-                break
+        if plays_to_a_win(env, route):
+            winning.append(int(seed))
     return winning
 
 

@@ -13,6 +13,7 @@ from agent_rl.envs.base import (
     Transition,
     instance_split,
     normalize_action,
+    plays_to_a_win,
     seed_split,
     step_won,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "EVAL_SEED_BASE",
     "instance_split",
     "seed_split",
+    "plays_to_a_win",
     "step_won",
     "CheckReport",
     "EnvUnavailableError",

@@ -11,6 +11,7 @@ of instances between training seeds (below ``EVAL_SEED_BASE``) and evaluation se
 from __future__ import annotations
 
 import string
+from collections.abc import Iterable
 from dataclasses import dataclass
 from hashlib import blake2b
 from typing import Any, ClassVar
@@ -37,6 +38,18 @@ class EnvUnavailableError(RuntimeError):
 def step_won(info: dict[str, Any], terminated: bool, reward: float) -> bool:
     """Whether a step's result is a win: ``info["won"]``, or without the key, ending with a positive reward."""
     return bool(info.get("won", terminated and reward > 0))
+
+
+def plays_to_a_win(env: gym.Env, actions: Iterable[str]) -> bool:
+    """Step ``env`` from its current state through ``actions``, stopping where the episode ends; whether
+    the last step played is a win (:func:`step_won`; no action played is none)."""
+    won = False
+    for action in actions:
+        _, reward, terminated, truncated, info = env.step(action)
+        won = step_won(info, terminated, float(reward))
+        if terminated or truncated:
+            break
+    return won
 
 
 def seed_split(seed: int | None) -> str:

@@ -18,7 +18,7 @@ from tiny_train import TINY_TRAIN  # tests/envs
 
 from agent_rl.cli import main
 from agent_rl.config import Config, ConfigError, load_config
-from agent_rl.envs import EVAL_SEED_BASE, auto_sft_mode, check_text_env, step_won
+from agent_rl.envs import EVAL_SEED_BASE, auto_sft_mode, check_text_env, plays_to_a_win, step_won
 from agent_rl.training.infra.logger import read_metrics
 from agent_rl.training.infra.resolution import resolve
 from agent_rl.training.loop.rollout import Move, PlayStats, play_episodes
@@ -171,6 +171,36 @@ def test_the_trainer_falls_back_for_missing_info_keys():
 )
 def test_the_win_rule_the_trainer_and_play_share(info, terminated, reward, won):
     assert step_won(info, terminated, reward) is won
+
+
+class _Corridor(gym.Env):
+    """Three cells: ``right`` twice reaches the goal (reward 1, no ``won`` key); ``jump`` ends the episode lost."""
+
+    def reset(self, *, seed=None, options=None):
+        self.cell = 0
+        return "cell 0", {}
+
+    def step(self, action):
+        self.cell += action == "right"
+        ended = self.cell == 2 or action == "jump"
+        return f"cell {self.cell}", float(self.cell == 2), ended, False, {}
+
+
+@pytest.mark.parametrize(
+    "actions, won, cell",
+    [
+        (["right", "right"], True, 2),
+        (["right", "right", "jump"], True, 2),  # the win ends the episode: "jump" never plays
+        (["right", "jump", "right"], False, 1),  # the loss ends it first
+        (["right"], False, 1),  # still under way
+        ([], False, 0),
+    ],
+)
+def test_plays_to_a_win_stops_where_the_episode_ends(actions, won, cell):
+    env = _Corridor()
+    env.reset(seed=0)
+    assert plays_to_a_win(env, actions) is won
+    assert env.cell == cell
 
 
 def test_checker_takes_the_module_form_and_lists_the_missing_info_keys():
