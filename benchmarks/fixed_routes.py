@@ -55,8 +55,7 @@ def census(transcripts: Sequence[dict[str, Any]], routes: dict[str, Sequence[str
     """How many distinct action sequences the episodes play; per route, the episodes that follow it and
     how many of those it wins; then the episodes that follow no route and how many the policy won there."""
     on_route = {name: [t for t in transcripts if follows(t["actions"], route)] for name, route in routes.items()}
-    anywhere = {id(t) for followed in on_route.values() for t in followed}
-    off = [t for t in transcripts if id(t) not in anywhere]
+    off = [t for t in transcripts if not any(follows(t["actions"], route) for route in routes.values())]
     return {
         "episodes": len(transcripts),
         "policy_wins": sum(bool(t["won"]) for t in transcripts),

@@ -335,12 +335,14 @@ class Run:
         )
 
     def warm_start_overrides(self) -> tuple[str, ...]:
-        """``policy=`` the shared warm start and no warm start of its own (none without ``warm_starts_from``)."""
+        """``policy=`` the shared warm start, whose saved tokenizer replaces the one a case's
+        ``policy.tokenizer_envs`` builds, and no warm start of its own (none without ``warm_starts_from``)."""
         if self.warm_start is None:
             return ()
         from agent_rl.training.infra.checkpoint import find_checkpoint
 
-        return (f"policy={find_checkpoint(self.warm_start, 'sft').model_dir}", "sft.mode=none")
+        model_dir = find_checkpoint(self.warm_start, "sft").model_dir
+        return (f"policy={model_dir}", "policy.tokenizer_envs=[]", "sft.mode=none")
 
     @property
     def iterations(self) -> int:
@@ -412,6 +414,7 @@ LIMITS = {
     "entropy": "update/entropy",
     "action_entropy": "rollout/action_entropy",
     "approx_kl": "update/approx_kl",
+    "clip_frac": "update/clip_frac",
     "optimizer_steps": "update/optimizer_steps",
     "advantage_mass_early": "advantage/mass_early",
     "advantage_mass_late": "advantage/mass_late",
@@ -419,8 +422,9 @@ LIMITS = {
 """What limits multi-turn learning, read from each RL iteration's metrics: the share of groups
 without return spread, the training pass rate, the invalid-action rate, the reply entropy (per
 token), the entropy of the actions played (bits; near 0 is one action whatever the state), how far
-and in how many steps an update moves the policy, and the advantage mass on the first and last
-third of the turns. A run's summary holds the median of each over its RL iterations."""
+and in how many steps an update moves the policy, the share of its tokens the loss clips, and the
+advantage mass on the first and last third of the turns. A run's summary holds the median of each
+over its RL iterations."""
 
 
 def iteration_medians(records: list[dict], keys: dict[str, str]) -> dict[str, float | None]:
@@ -457,6 +461,9 @@ def run_summary(records: list[dict]) -> dict[str, Any]:
         ],
         "greedy_minus_sampled_points": [100.0 * (g - s) for g, s in zip(greedy, sampled)],
         "limits": iteration_medians(records[1:], LIMITS),
+        "largest_approx_kl": max(
+            (float(r["update/approx_kl"]) for r in records if r.get("update/approx_kl") is not None), default=None
+        ),
     }
 
 
@@ -651,6 +658,7 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
             lines.append(
                 f"- seed {r['seed']}: {curve} (lift {r['greedy_lift']:+.1f}; "
                 f"sampled {signed_points(r['sampled_lift'])}; "
+                f"largest approx KL {_number(r['largest_approx_kl'], '.1e')}; "
                 f"warm start {r['warm_start_s'] / 60:.1f} of {r['total_s'] / 60:.1f} min)"
             )
         lines += ["", f"What limits it (medians over each run's RL iterations, then over seeds): {_limits(c)}", ""]
@@ -661,15 +669,21 @@ def _limits(case: dict[str, Any]) -> str:
     m = case.get("limits") or {}
 
     def shown(name: str, form: str) -> str:
-        return "-" if m.get(name) is None else format(m[name], form)
+        return _number(m.get(name), form)
 
     return (
         f"groups without return spread {shown('zero_variance_groups', '.0%')}, pass rate {shown('pass_rate', '.0%')}, "
         f"invalid actions {shown('invalid_rate', '.0%')}, entropy {shown('entropy', '.2f')}, action entropy "
-        f"{shown('action_entropy', '.2f')} bits, approx KL "
-        f"{shown('approx_kl', '.1e')} in {shown('optimizer_steps', '.0f')} optimizer steps, advantage mass on the "
-        f"first/last third of the turns {shown('advantage_mass_early', '.0%')}/{shown('advantage_mass_late', '.0%')}."
+        f"{shown('action_entropy', '.2f')} bits, approx KL {shown('approx_kl', '.1e')} in "
+        f"{shown('optimizer_steps', '.0f')} optimizer steps with {shown('clip_frac', '.0%')} of tokens clipped, "
+        f"advantage mass on the first/last third of the turns {shown('advantage_mass_early', '.0%')}/"
+        f"{shown('advantage_mass_late', '.0%')}."
     )
+
+
+def _number(value: float | None, form: str) -> str:
+    """``value`` formatted, or "-" for a run or case that never logged it (older runs lack some metrics)."""
+    return "-" if value is None else format(value, form)
 
 
 def plot(summary: dict[str, Any], out: Path) -> None:

@@ -49,6 +49,8 @@ def test_run_summary_by_hand():
             "rollout/invalid_rate": 0.1,
             "credit/zero_variance_groups": 0.75,
             "update/entropy": 0.5,
+            "update/approx_kl": 0.5,
+            "update/clip_frac": 0.25,
             "rollout/action_entropy": 1.5,
         },
         {
@@ -59,6 +61,7 @@ def test_run_summary_by_hand():
             "rollout/success_rate": 0.6,
             "rollout/invalid_rate": 0.0,
             "credit/zero_variance_groups": 0.25,
+            "update/approx_kl": 0.002,
             "rollout/action_entropy": 0.5,
         },
     ]
@@ -76,13 +79,14 @@ def test_run_summary_by_hand():
     # Medians over the RL iterations (iteration 0 is the warm start); None where no iteration logs it.
     limits = summary["limits"]
     assert limits["zero_variance_groups"] == pytest.approx(0.5) and limits["pass_rate"] == pytest.approx(0.45)
-    assert limits["entropy"] == 0.5 and limits["approx_kl"] is None and limits.keys() == lift.LIMITS.keys()
-    assert limits["action_entropy"] == pytest.approx(1.0)
+    assert limits["entropy"] == 0.5 and limits["optimizer_steps"] is None and limits.keys() == lift.LIMITS.keys()
+    assert limits["action_entropy"] == pytest.approx(1.0) and limits["approx_kl"] == pytest.approx(0.251)
+    assert limits["clip_frac"] == 0.25 and summary["largest_approx_kl"] == 0.5  # the median hides the 0.5 step
     other = {**summary, "limits": {**limits, "zero_variance_groups": 0.0, "entropy": None}}
     case = lift.Case("c", "a case", (), 2, 2, lift.Goal("lift", 20.0))
     across = lift.case_summary(case, [summary, summary, other], None)["limits"]
     assert across["zero_variance_groups"] == pytest.approx(0.5) and across["entropy"] == 0.5
-    assert across["approx_kl"] is None
+    assert across["optimizer_steps"] is None
     with pytest.raises(ValueError, match="iteration-0"):
         lift.run_summary(records[1:])
 
@@ -405,10 +409,10 @@ def test_a_case_without_sampled_evaluation_reports_dashes(tmp_path):
     lift.write_markdown(summary, tmp_path / "summary.md")
     text = (tmp_path / "summary.md").read_text()
     assert "| r | 2 | - | 25.0% -> 62.5% | +37.5 [" in text and "| - -> - | - | 10.0 |" in text
-    assert "(lift +25.0; sampled -;" in text and "nan" not in text
+    assert "(lift +25.0; sampled -; largest approx KL -;" in text and "nan" not in text
     assert (
         "groups without return spread -, pass rate 50%, invalid actions 10%, entropy -, "
-        "action entropy - bits, approx KL -" in text
+        "action entropy - bits, approx KL - in - optimizer steps with - of tokens clipped" in text
     )
     one_seed = {"cases": [lift.case_summary(case, [run(0, 0.25, 0.5)], None)]}
     lift.write_markdown(one_seed, tmp_path / "one_seed.md")
@@ -462,3 +466,19 @@ def test_a_declared_family_is_tested_alone_and_the_other_cases_are_reported_unte
     assert any(line.startswith("b against `base`") and "not tested" in line and "Holm" not in line for line in lines)
     with pytest.raises(ValueError, match=r"declared case\(s\) \['c'\] have fewer than 2 seeds"):
         lift.compare(finals_summary(OURS), finals_summary(THEIRS), Path("base"), family=("a", "c"))
+
+
+def test_every_case_runs_from_another_lifts_warm_start(tmp_path, monkeypatch):
+    # The warm start's saved tokenizer replaces the one a case builds (frozenlake's tokenizer_envs).
+    from types import SimpleNamespace
+
+    from agent_rl.training.infra import checkpoint
+
+    model_dir = tmp_path / "defaults" / "model"
+    monkeypatch.setattr(checkpoint, "find_checkpoint", lambda run_dir, name: SimpleNamespace(model_dir=model_dir))
+    runs = lift.plan(lift.CASES, 1, tmp_path / "candidate", warm_starts_from=tmp_path / "defaults")
+    assert any("policy.tokenizer_envs" in override for run in runs for override in run.case.overrides)
+    for run in runs:
+        config = run.case.config(run.warm_start_overrides())
+        assert config.policy.name_or_path == str(model_dir) and config.policy.tokenizer_envs == []
+        assert config.sft.mode == "none"
