@@ -54,8 +54,9 @@ def route_wins(env: gym.Env, route: Sequence[str], seeds: Sequence[int]) -> list
 def census(transcripts: Sequence[dict[str, Any]], routes: dict[str, Sequence[str]], wins: dict[str, set[int]]) -> dict:
     """How many distinct action sequences the episodes play; per route, the episodes that follow it and
     how many of those it wins; then the episodes that follow no route and how many the policy won there."""
-    on_route = {name: [t for t in transcripts if follows(t["actions"], route)] for name, route in routes.items()}
-    off = [t for t in transcripts if not any(follows(t["actions"], route) for route in routes.values())]
+    followed = [{name for name, route in routes.items() if follows(t["actions"], route)} for t in transcripts]
+    on_route = {name: [t for t, names in zip(transcripts, followed) if name in names] for name in routes}
+    off = [t for t, names in zip(transcripts, followed) if not names]
     return {
         "episodes": len(transcripts),
         "policy_wins": sum(bool(t["won"]) for t in transcripts),

@@ -427,9 +427,14 @@ advantage mass on the first and last third of the turns. A run's summary holds t
 over its RL iterations."""
 
 
+def logged(records: list[dict], key: str) -> list[float]:
+    """The values of metric ``key`` in the records that log it, in order."""
+    return [float(r[key]) for r in records if r.get(key) is not None]
+
+
 def iteration_medians(records: list[dict], keys: dict[str, str]) -> dict[str, float | None]:
     """The median of each metric over the records that log it (None where none does)."""
-    values = {name: [float(r[key]) for r in records if r.get(key) is not None] for name, key in keys.items()}
+    values = {name: logged(records, key) for name, key in keys.items()}
     return {name: float(np.median(v)) if v else None for name, v in values.items()}
 
 
@@ -453,17 +458,11 @@ def run_summary(records: list[dict]) -> dict[str, Any]:
         "warm_start_s": float(first["time/elapsed"]) - float(first.get("time/eval") or 0.0),
         "total_s": float(records[-1]["time/elapsed"]),
         "warm_start": {k: v for k, v in first.items() if k.startswith("sft/")},
-        "training_success": [
-            float(r["rollout/success_rate"]) for r in records if r.get("rollout/success_rate") is not None
-        ],
-        "training_invalid_rate": [
-            float(r["rollout/invalid_rate"]) for r in records if r.get("rollout/invalid_rate") is not None
-        ],
+        "training_success": logged(records, "rollout/success_rate"),
+        "training_invalid_rate": logged(records, "rollout/invalid_rate"),
         "greedy_minus_sampled_points": [100.0 * (g - s) for g, s in zip(greedy, sampled)],
         "limits": iteration_medians(records[1:], LIMITS),
-        "largest_approx_kl": max(
-            (float(r["update/approx_kl"]) for r in records if r.get("update/approx_kl") is not None), default=None
-        ),
+        "largest_approx_kl": max(logged(records, "update/approx_kl"), default=None),
     }
 
 
