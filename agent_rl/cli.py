@@ -54,6 +54,12 @@ def raise_stopped(signum: int, frame) -> None:
     raise _Stopped(signum)
 
 
+def exit_status(returncode: int) -> int:
+    """A child's ``returncode`` as this process' exit status: a child killed by signal N (``-N``) gives
+    128 + N, as a shell reports it (``sys.exit(-15)`` would exit with 241)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
 def _how_to_go_on(run_dir: str | None) -> str:
     """What a stopped run saved and the command that continues it."""
     from agent_rl.training.infra.checkpoint import how_to_go_on
@@ -107,7 +113,7 @@ def _launch_learners(args: argparse.Namespace, run_dir: str | None) -> int:
     command += [*args.overrides, *([f"trainer.run_dir={run_dir}"] if run_dir else [])]
     process = subprocess.Popen(command, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
     try:
-        return process.wait()
+        return exit_status(process.wait())
     except KeyboardInterrupt as exc:  # pass it on: torchrun stops its learners and rank 0 says how to go on
         signum = getattr(exc, "signum", signal.SIGINT)
         process.send_signal(signum)
@@ -230,11 +236,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     process = subprocess.Popen([sys.executable, "-m", module, *args.bench_args])
     previous = signal.signal(signal.SIGTERM, raise_stopped)
     try:
-        return process.wait()
+        return exit_status(process.wait())
     except KeyboardInterrupt as exc:
         if isinstance(exc, _Stopped):  # Ctrl-C reaches the benchmark itself (same process group); SIGTERM does not
             process.terminate()
-        return process.wait()  # the benchmark stops its runs first
+        return exit_status(process.wait())  # the benchmark stops its runs first (or dies of the signal)
     finally:
         signal.signal(signal.SIGTERM, previous)
 

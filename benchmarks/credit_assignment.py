@@ -49,6 +49,7 @@ from agent_rl.benchmarks.harness import RunFailed, finished, run_jobs, thread_en
 from agent_rl.benchmarks.paired_stats import PairedDifference, adjust_family, paired_difference
 from agent_rl.benchmarks.report import (
     area_under,
+    logged,
     mean_plus_minus,
     mean_with_interval,
     p_value,
@@ -481,7 +482,7 @@ def cell_summary(records: list[dict]) -> dict[str, Any]:
     trained = [r for r in records if r["iteration"] > 0]
 
     def mean_of(key: str) -> float | None:
-        values = [r[key] for r in trained if r.get(key) is not None]
+        values = logged(trained, key)
         return float(np.mean(values)) if values else None
 
     phases = {p: mean_of(f"time/{p}") or 0.0 for p in ("rollout", "advantage", "update", "sync")}

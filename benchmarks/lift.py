@@ -44,6 +44,7 @@ from agent_rl.benchmarks.harness import (
 )
 from agent_rl.benchmarks.paired_stats import PairedDifference, adjust_family, mean_interval, paired_difference
 from agent_rl.benchmarks.report import (
+    logged,
     mean_with_interval,
     p_value,
     percent,
@@ -425,11 +426,6 @@ token), the entropy of the actions played (bits; near 0 is one action whatever t
 and in how many steps an update moves the policy, the share of its tokens the loss clips, and the
 advantage mass on the first and last third of the turns. A run's summary holds the median of each
 over its RL iterations."""
-
-
-def logged(records: list[dict], key: str) -> list[float]:
-    """The values of metric ``key`` in the records that log it, in order."""
-    return [float(r[key]) for r in records if r.get(key) is not None]
 
 
 def iteration_medians(records: list[dict], keys: dict[str, str]) -> dict[str, float | None]:

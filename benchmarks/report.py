@@ -19,6 +19,11 @@ def area_under(iterations: Sequence[float], values: Sequence[float]) -> float:
     return float(np.trapezoid(y, x) / (x[-1] - x[0]))
 
 
+def logged(records: Sequence[Mapping[str, Any]], key: str) -> list[float]:
+    """The values of metric ``key`` in the records (``metrics.jsonl`` lines) that log it, in order."""
+    return [float(r[key]) for r in records if r.get(key) is not None]
+
+
 def seed_mean(values: Sequence[float]) -> dict[str, float]:
     """Mean over seeds with the half-width of its 95% t-interval (0 for one seed) and the seed count."""
     mean, half = mean_interval(np.asarray(values, dtype=np.float64))

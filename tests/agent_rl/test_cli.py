@@ -56,6 +56,24 @@ def test_the_train_command_leaves_the_sigterm_handler_as_it_found_it():
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+@pytest.mark.parametrize("code, status", [(0, 0), (1, 1), (143, 143), (-15, 143), (-9, 137), (-2, 130)])
+def test_a_child_killed_by_a_signal_exits_as_a_shell_reports_it(code, status):
+    from agent_rl.cli import exit_status
+
+    assert exit_status(code) == status
+
+
+def test_a_benchmark_killed_by_sigterm_before_it_handles_it_exits_128_plus_15(monkeypatch):
+    # A scheduler's SIGTERM that reaches the benchmark while it still imports kills it (-15): that is
+    # status 143, not sys.exit(-15)'s 241.
+    import subprocess
+
+    real_popen = subprocess.Popen
+    killed = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"]
+    monkeypatch.setattr(subprocess, "Popen", lambda command, **kwargs: real_popen(killed, **kwargs))
+    assert main(["bench", "lift", "--report"]) == 143
+
+
 def test_train_without_a_config_runs_the_main_job_unless_another_environment_is_named(monkeypatch, tmp_path):
     import agent_rl.training.loop.trainer
     from agent_rl.config import config_to_dict, load_config
