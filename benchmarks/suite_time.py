@@ -21,6 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from agent_rl.benchmarks.common import write_result
+from agent_rl.cli import exit_status
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 SLOWEST = 25
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     path = write_result(args.name, payload, args.out)
     print(f"{payload['summary']}; wall {wall_s / 60:.1f} min, CPU {payload['cpu_s'] / 60:.1f} min -> {path}")
-    return run.returncode
+    return exit_status(run.returncode)
 
 
 if __name__ == "__main__":
