@@ -773,7 +773,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report:
         for run in runs:  # a missing warm start that no process is training fails here, before any run starts
             if not run.done and (problem := run.warm_start_problem()) and not run.warm_start_in_training:
-                parser.error(f"--warm-starts-from: {problem}")
+                parser.error(
+                    f"--warm-starts-from: {problem}, and no lift is training it: start the lift with "
+                    f"--out {args.warm_starts_from} first (this one then waits for its warm starts)"
+                )
         from agent_rl.training.loop.run_dir import hold_dir
 
         try:  # held while training, so that a lift started --warm-starts-from this --out waits for its runs

@@ -32,6 +32,7 @@ from agent_rl.envs.registration import (
     text_env_spec,
     text_env_specs,
     unavailable_envs,
+    unavailable_reason,
 )
 
 load_plugins()
@@ -64,4 +65,5 @@ __all__ = [
     "text_env_spec",
     "text_env_specs",
     "unavailable_envs",
+    "unavailable_reason",
 ]

@@ -18,6 +18,7 @@ from agent_rl.envs.registration import (
     registry_id,
     text_env_specs,
     unavailable_envs,
+    unavailable_reason,
 )
 
 QUIT_COMMAND = ":quit"
@@ -76,8 +77,7 @@ def play(
     except ImportError as exc:
         errors.print(str(exc), style="red", markup=False)
         return 2
-    left_out = unavailable_envs()
-    reason = left_out.get(registered) or left_out.get(registered.split("/")[0] + "/*")
+    reason = unavailable_reason(registered)
     if registered not in gym.registry or reason:
         known = ", ".join(text_env_specs())
         message = (

@@ -179,6 +179,13 @@ def unavailable_envs() -> dict[str, str]:
     return dict(sorted(_UNAVAILABLE.items()))
 
 
+def unavailable_reason(env_id: str) -> str | None:
+    """Why ``env_id`` (a registry key) cannot run here and how to get it, from :func:`unavailable_envs`
+    (its own entry, or its namespace's ``ns/*``); None when nothing is recorded against it."""
+    left_out = unavailable_envs()
+    return left_out.get(env_id) or left_out.get(env_id.split("/")[0] + "/*")
+
+
 def default_anchor_key(env_id: str) -> str:
     """The anchor key kind registered for ``env_id`` (``register_text_env``; ``module:ns/Name-vN``
     imports ``module`` first); ``observation`` for any other environment (a plain Gymnasium env, or a

@@ -351,7 +351,9 @@ def test_bad_settings_fail_before_any_run(tmp_path, capsys):
     assert "--family: unknown case(s) ['sya']" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         lift.main(["--quick", "--out", str(tmp_path), "--warm-starts-from", str(tmp_path / "other")])
-    assert "--warm-starts-from: no 'sft' checkpoint" in capsys.readouterr().err and not (tmp_path / "runs").exists()
+    err = capsys.readouterr().err
+    assert "--warm-starts-from: no 'sft' checkpoint" in err and not (tmp_path / "runs").exists()
+    assert f"no lift is training it: start the lift with --out {tmp_path / 'other'} first" in err
     with pytest.raises(SystemExit):
         lift.main(["--quick", "--out", str(tmp_path), "--seeds", "0"])
     assert "--seeds must be at least 1" in capsys.readouterr().err and not (tmp_path / "runs").exists()

@@ -14,7 +14,9 @@ import pytest
 
 import agent_rl.envs.registration as registration
 from agent_rl.cli import main
+from agent_rl.config import ConfigError, EnvConfig
 from agent_rl.envs import text_env_specs, unavailable_envs
+from agent_rl.training.infra.resolution import make_configured_env
 
 pytest.importorskip("textarena")
 pytest.importorskip("scienceworld")
@@ -54,6 +56,11 @@ def test_missing_extras_are_listed_as_unavailable(monkeypatch, capsys):
     }
     code, out = _run(monkeypatch, capsys, ["play", "textarena/Chess-v0"])  # any id of the missing suite
     assert code == 2 and "textarena/Chess-v0 is not available here: pip install 'agent-rl[textarena]'" in out
+    with pytest.raises(ConfigError) as refused:  # the trainer's check names the extra too
+        make_configured_env(EnvConfig(id="textarena/FrozenLake-v0"))
+    assert str(refused.value) == (
+        "config key 'env.id': 'textarena/FrozenLake-v0' is not available here: pip install 'agent-rl[textarena]'"
+    )
 
 
 def test_registering_imports_neither_suite():
@@ -99,8 +106,8 @@ def test_train_refuses_a_network_data_game_with_a_config_error_before_the_run_st
     assert main(["train", "env.id=textarena/Wordle-v0", f"trainer.run_dir={run_dir}", "engine=hf"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(
-        "agent-rl: error: config keys 'env.id' and 'env.kwargs': gymnasium.make('textarena/Wordle-v0', **{}) "
-        "failed: agent_rl.envs.base.EnvUnavailableError: textarena/Wordle-v0 is not available offline"
+        "agent-rl: error: config key 'env.id': 'textarena/Wordle-v0' is not available here: "
+        "needs NLTK data from the network (words, averaged_perceptron_tagger_eng)"
     )
     assert "Traceback" not in err and not run_dir.exists()
 

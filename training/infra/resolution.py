@@ -39,6 +39,8 @@ def make_configured_env(env: EnvConfig) -> Any:
         registered = envs.registry_id(env.id)
     except ImportError as exc:
         raise ConfigError(f"config key 'env.id' {env.id!r}: {exc}") from None
+    if reason := envs.unavailable_reason(registered):
+        raise ConfigError(f"config key 'env.id': {env.id!r} is not available here: {reason}")
     if registered not in gym.registry:
         raise ConfigError(
             f"config key 'env.id': unknown environment {env.id!r}; registered text environments: "
