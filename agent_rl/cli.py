@@ -233,6 +233,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if importlib.util.find_spec("matplotlib") is None:  # refused before the runs, not after hours of them
+        print(
+            "agent-rl: error: agent-rl bench draws its figures with matplotlib, which is not installed; "
+            "pip install 'agent-rl[bench]'",
+            file=sys.stderr,
+        )
+        return 2
     process = subprocess.Popen([sys.executable, "-m", module, *args.bench_args])
     previous = signal.signal(signal.SIGTERM, raise_stopped)
     try:

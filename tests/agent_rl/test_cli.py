@@ -74,6 +74,19 @@ def test_a_benchmark_killed_by_sigterm_before_it_handles_it_exits_128_plus_15(mo
     assert main(["bench", "lift", "--report"]) == 143
 
 
+def test_bench_without_matplotlib_is_refused_before_any_run(monkeypatch, capsys):
+    import importlib.util
+    import subprocess
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real_find_spec(name, *a)
+    )
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("the benchmark started"))
+    assert main(["bench", "lift", "--quick"]) == 2
+    assert "matplotlib, which is not installed; pip install 'agent-rl[bench]'" in capsys.readouterr().err
+
+
 def test_train_without_a_config_runs_the_main_job_unless_another_environment_is_named(monkeypatch, tmp_path):
     import agent_rl.training.loop.trainer
     from agent_rl.config import config_to_dict, load_config
