@@ -29,7 +29,8 @@ def vllm_available() -> bool:
 
 def make_configured_env(env: EnvConfig) -> Any:
     """``gymnasium.make(env.id, **env.kwargs)`` after importing ``env.imports``, within ``env.timeout_s``.
-    An id that names no registered environment (or a ``module:`` that does not import), and an
+    An id that names no registered environment (or a ``module:`` that does not import), one that
+    cannot run here (``envs.unavailable_reason``: a suite whose extra is missing), and an
     environment that refuses its kwargs, raises while it is built or passes the time limit, raise a
     :class:`ConfigError` naming the keys (and the error, with the user's frames)."""
     import gymnasium as gym
