@@ -187,16 +187,17 @@ def run_jobs(
     ``on_finish(job)`` runs when one has finished. A failed job stops the others (:class:`RunFailed`);
     so does stopping the benchmark, each run saving a checkpoint its rerun resumes from, and so does
     a state where nothing runs and no pending job can start, unless one ``waits_outside`` (on a run
-    another process is training now)."""
+    another process is training now). Each start and finish is also printed as a line of its own, so
+    that a benchmark whose output goes to a file (where the bars show only at the end) logs its way."""
     pending = [job for job in jobs if not finished(job.run_dir, job.iterations)]
     done = {id(job) for job in jobs} - {id(job) for job in pending}
     total = sum(job.iterations + 1 for job in jobs)
     overall = progress.add_task(f"{title} (iterations of all runs)", total=total)
     progress.advance(overall, total - sum(job.iterations + 1 for job in pending))
-    running: list[tuple[Job, subprocess.Popen | ForkedRun, int]] = []
+    running: list[tuple[Job, subprocess.Popen | ForkedRun, int, float]] = []
     credited: dict[int, int] = {}  # iterations of a running job already counted in the overall bar
 
-    with runs_stop_with_this_process(lambda: [process for _, process, _ in running]):
+    with runs_stop_with_this_process(lambda: [process for _, process, _, _ in running]):
         while pending or running:
             for job in [job for job in pending if not wanted(job)]:
                 pending.remove(job)
@@ -210,12 +211,14 @@ def run_jobs(
                 on_start(job)
                 job.run_dir.mkdir(parents=True, exist_ok=True)
                 process = start(job.command(), job.run_dir / "train.log", job.environment())
-                running.append((job, process, progress.add_task(f"  {job.name}", total=job.iterations + 1)))
+                bar = progress.add_task(f"  {job.name}", total=job.iterations + 1)
+                running.append((job, process, bar, time.time()))
+                progress.console.print(f"{title}: {job.name} started; its log: {job.run_dir / 'train.log'}")
             if pending and not running and not any(waits_outside(job) for job in pending):
                 raise RunFailed(f"no run can start: {pending[0].name} waits on a run that will not finish")
             time.sleep(1.0)
             for entry in list(running):
-                job, process, task = entry
+                job, process, task, started_at = entry
                 logged = min(logged_iterations(job.run_dir), job.iterations + 1)
                 progress.advance(overall, logged - credited.get(id(job), 0))
                 progress.update(task, completed=logged)
@@ -233,4 +236,8 @@ def run_jobs(
                 progress.remove_task(task)
                 running.remove(entry)
                 done.add(id(job))
+                progress.console.print(
+                    f"{title}: {job.name} finished after {(time.time() - started_at) / 60:.1f} min here "
+                    f"({len(done)} of {len(done) + len(pending) + len(running)} runs finished)"
+                )
                 on_finish(job)

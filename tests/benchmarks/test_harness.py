@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from rich.progress import Progress
 
 from agent_rl.benchmarks import harness
@@ -82,6 +84,23 @@ def test_jobs_start_when_ready_in_order_skip_finished_ones_and_drop_unwanted_one
     assert all(harness.finished(job.run_dir, 2) for job in (first, second, gated))
     assert not dropped.run_dir.exists()
     assert (first.run_dir / "train.log").exists()
+
+
+def test_each_start_and_finish_is_a_line_of_its_own_for_output_that_goes_to_a_file(tmp_path):
+    before, first, second = (FakeJob(name, tmp_path / name) for name in ("before", "first", "second"))
+    _log(before.run_dir, [0, 1, 2])
+    output = io.StringIO()
+    with Progress(console=Console(file=output, width=400)) as progress:  # a file: no terminal, the bars at the end
+        harness.run_jobs([before, first, second], workers=1, progress=progress, title="lift")
+    lines = [line for line in output.getvalue().splitlines() if line.startswith("lift: ")]
+    assert [line.split(";")[0].split(" after ")[0] for line in lines] == [
+        "lift: first started",
+        "lift: first finished",
+        "lift: second started",
+        "lift: second finished",
+    ]
+    assert lines[0].endswith(f"its log: {first.run_dir / 'train.log'}")
+    assert lines[1].endswith("min here (2 of 3 runs finished)") and lines[3].endswith("(3 of 3 runs finished)")
 
 
 def test_a_job_starts_only_once_the_jobs_it_needs_have_logged_everything_and_exited(tmp_path):
