@@ -197,6 +197,9 @@ def run_jobs(
     running: list[tuple[Job, subprocess.Popen | ForkedRun, int, float]] = []
     credited: dict[int, int] = {}  # iterations of a running job already counted in the overall bar
 
+    def say(line: str) -> None:  # one unwrapped line, as written (paths may hold brackets)
+        progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
+
     with runs_stop_with_this_process(lambda: [process for _, process, _, _ in running]):
         while pending or running:
             for job in [job for job in pending if not wanted(job)]:
@@ -213,7 +216,7 @@ def run_jobs(
                 process = start(job.command(), job.run_dir / "train.log", job.environment())
                 bar = progress.add_task(f"  {job.name}", total=job.iterations + 1)
                 running.append((job, process, bar, time.time()))
-                progress.console.print(f"{title}: {job.name} started; its log: {job.run_dir / 'train.log'}")
+                say(f"{title}: {job.name} started; its log: {job.run_dir / 'train.log'}")
             if pending and not running and not any(waits_outside(job) for job in pending):
                 raise RunFailed(f"no run can start: {pending[0].name} waits on a run that will not finish")
             time.sleep(1.0)
@@ -236,7 +239,7 @@ def run_jobs(
                 progress.remove_task(task)
                 running.remove(entry)
                 done.add(id(job))
-                progress.console.print(
+                say(
                     f"{title}: {job.name} finished after {(time.time() - started_at) / 60:.1f} min here "
                     f"({len(done)} of {len(done) + len(pending) + len(running)} runs finished)"
                 )

@@ -87,10 +87,12 @@ def test_jobs_start_when_ready_in_order_skip_finished_ones_and_drop_unwanted_one
 
 
 def test_each_start_and_finish_is_a_line_of_its_own_for_output_that_goes_to_a_file(tmp_path):
-    before, first, second = (FakeJob(name, tmp_path / name) for name in ("before", "first", "second"))
+    before, first, second = (
+        FakeJob(name, tmp_path / "[a long] run directory" / name) for name in ("before", "first", "second")
+    )
     _log(before.run_dir, [0, 1, 2])
     output = io.StringIO()
-    with Progress(console=Console(file=output, width=400)) as progress:  # a file: no terminal, the bars at the end
+    with Progress(console=Console(file=output, width=40)) as progress:  # a file: no terminal, the bars at the end
         harness.run_jobs([before, first, second], workers=1, progress=progress, title="lift")
     lines = [line for line in output.getvalue().splitlines() if line.startswith("lift: ")]
     assert [line.split(";")[0].split(" after ")[0] for line in lines] == [
