@@ -20,6 +20,7 @@ from agent_rl.training.loop.rollout import (
     choose_in_segments,
     collect_rollouts,
     constrained_logprobs,
+    ended_in_loop,
     next_replay_share,
     overlong_shaping,
     replay_depths,
@@ -790,6 +791,40 @@ def test_rollouts_take_any_environment_factory_or_a_pool(policy):
             pool, ScriptedEngine(tokenizer), tokenizer, one_round(n_groups=3, group_size=2), np.random.default_rng(3)
         )
     pool.close()
+
+
+def _rows(*turns, truncated=True, won=False):
+    rows = [{"anchor_state": state, "action": action, "truncated": False, "won": False} for state, action in turns]
+    rows[-1].update(truncated=truncated, won=won)
+    return rows
+
+
+def test_an_episode_ended_in_a_loop_when_it_ran_out_repeating_a_state_and_action_by_hand():
+    assert ended_in_loop(_rows(("room", "take key"), ("room", "take key")))  # one invalid command again
+    assert ended_in_loop(_rows(("a", "go east"), ("b", "go west"), ("a", "go east"), ("b", "go west")))
+    assert ended_in_loop(_rows(("a", "look"), ("a", "go east"), ("b", "go west"), ("a", "go east")))
+    assert not ended_in_loop(_rows(("a", "go east"), ("b", "go east"), ("c", "go east")))  # ran out, no repeat
+    assert not ended_in_loop(_rows(("a", "go east"), ("a", "look")))  # same state, another action
+    assert not ended_in_loop(_rows(("a", "look"), ("b", "look")))  # same action, another state
+    assert not ended_in_loop(_rows(("a", "look"), ("a", "look"), truncated=False))  # it ended (terminated)
+    assert not ended_in_loop(_rows(("a", "look"), ("a", "look"), won=True))
+    assert not ended_in_loop([])
+
+
+@pytest.mark.parametrize(
+    ("script", "loop_rate"),
+    [
+        (["stay"] * 6, 1.0),  # invalid, in place, to the turn limit
+        (["right", "left"] * 3, 1.0),  # back and forth
+        (["right", "left", "right", "left", "left", "left"], 0.0),  # back and forth, then into the pit
+        (["stay", "right", "left", "right", "left", "left"], 0.0),  # ran out, its last move a new one
+        (["right", "right"], 0.0),  # won
+    ],
+)
+def test_rollouts_report_the_share_of_episodes_that_ended_in_a_loop(policy, script, loop_rate):
+    _, tokenizer = policy
+    _, stats = _line_rollout(tokenizer, script, 0.0)
+    assert stats["loop_rate"] == loop_rate
 
 
 def test_action_entropy_in_bits():

@@ -98,13 +98,14 @@ def test_short_run_writes_logs_checkpoints_and_config(tmp_path, algo):
     assert [m["time/elapsed"] for _, m in reported] == [r["time/elapsed"] for r in records]
     assert reported[0][1]["eval/greedy_success"] == records[0]["eval/greedy_success"]
     assert "eval/greedy_success" in records[0] and "eval/greedy_success" in records[2]
-    assert records[2]["eval/greedy_action_entropy"] >= 0.0
+    assert records[2]["eval/greedy_action_entropy"] >= 0.0 and 0.0 <= records[2]["eval/greedy_loop_rate"] <= 1.0
     assert "sft/token_accuracy" in records[0]
     for key in (
         "rollout/success_rate",
         "rollout/invalid_rate",
         "rollout/explored_rate",
         "rollout/action_entropy",
+        "rollout/loop_rate",
         "anchors/grouped_fraction",
         "time/rollout",
         "time/update",
@@ -815,6 +816,7 @@ def test_the_periodic_evaluation_plays_the_held_out_seeds_from_the_offset(monkey
             "mean_length": 3.0,
             "invalid_action_rate": 0.0,
             "action_entropy": 0.1,
+            "loop_rate": 0.25,
             "trajectories": len(seeds),
         }
 

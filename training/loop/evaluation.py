@@ -96,6 +96,7 @@ def evaluate_heldout(
                 f"eval/{mode}_length": stats["mean_length"],
                 f"eval/{mode}_invalid_rate": stats["invalid_action_rate"],
                 f"eval/{mode}_action_entropy": stats["action_entropy"],
+                f"eval/{mode}_loop_rate": stats["loop_rate"],
             }
         )
         if mode == "greedy":
@@ -162,6 +163,10 @@ def target_reached(metrics: dict[str, float], target: float | None) -> bool:
     return decisive is not None and target is not None and decisive >= target
 
 
+REPORTED_STATS = ("success_rate", "mean_length", "mean_return", "invalid_action_rate", "loop_rate", "transcripts")
+"""What ``agent-rl eval`` reports of each mode's :func:`evaluate`."""
+
+
 def evaluate_policy(
     target: str | Path,
     *,
@@ -210,13 +215,7 @@ def evaluate_policy(
                 config=config.rollout,
                 transcripts=transcripts,
             )
-            results.update(
-                {
-                    f"{mode}_{k}": v
-                    for k, v in stats.items()
-                    if k in ("success_rate", "mean_length", "mean_return", "invalid_action_rate", "transcripts")
-                }
-            )
+            results.update({f"{mode}_{k}": v for k, v in stats.items() if k in REPORTED_STATS})
     finally:
         engine.close()
     for key, value in results.items():

@@ -662,12 +662,23 @@ def episode_stats(episodes: Sequence[Episode], play: PlayStats, seconds: float) 
         "replayed_turns": mean([e.replayed for e in done]),
         "progress_reward": mean([sum(row["progress_reward"] for row in e.rows) for e in done]),
         "action_entropy": action_entropy([row["action"] for row in rows]),
+        "loop_rate": mean([ended_in_loop(e.rows) for e in done]),
         "overlong_rate": mean([row["overlong"] for row in rows]),
         "tokens_generated": float(play.tokens),
         "tokens_per_s": play.tokens / play.generate_seconds if play.generate_seconds > 0 else 0.0,
         "turns_per_s": play.turns / seconds if seconds > 0 else 0.0,
         "seconds": seconds,
     }
+
+
+def ended_in_loop(rows: Sequence[dict[str, Any]]) -> bool:
+    """Whether an episode ran out of turns without a win, its last action one it had already taken
+    in the same state (``anchor_state``). A policy whose action follows from the state, as greedy
+    play does when the prompt shows little or no history, repeats such a cycle to any step limit:
+    one invalid command over and over, or moves back and forth."""
+    if not rows or not rows[-1]["truncated"] or rows[-1]["won"]:
+        return False
+    return (rows[-1]["anchor_state"], rows[-1]["action"]) in {(row["anchor_state"], row["action"]) for row in rows[:-1]}
 
 
 def action_entropy(actions: Sequence[str]) -> float:
@@ -691,6 +702,7 @@ ROLLOUT_METRICS = {
     "replayed_turns": "replayed_turns",
     "progress_reward": "progress_reward",
     "action_entropy": "action_entropy",
+    "loop_rate": "loop_rate",
     "overlong_rate": "overlong_rate",
     "failed_trajectories": "failed_trajectories",
     "dropped_groups": "dropped_groups",
