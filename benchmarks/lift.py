@@ -423,6 +423,7 @@ LIMITS = {
     "zero_variance_groups": "credit/zero_variance_groups",
     "pass_rate": "rollout/success_rate",
     "invalid_rate": "rollout/invalid_rate",
+    "loop_rate": "rollout/loop_rate",
     "entropy": "update/entropy",
     "action_entropy": "rollout/action_entropy",
     "approx_kl": "update/approx_kl",
@@ -432,7 +433,8 @@ LIMITS = {
     "advantage_mass_late": "advantage/mass_late",
 }
 """What limits multi-turn learning, read from each RL iteration's metrics: the share of groups
-without return spread, the training pass rate, the invalid-action rate, the reply entropy (per
+without return spread, the training pass rate, the invalid-action rate, the share of episodes that
+ran out of turns in a loop, the reply entropy (per
 token), the entropy of the actions played (bits; near 0 is one action whatever the state), how far
 and in how many steps an update moves the policy, the share of its tokens the loss clips, and the
 advantage mass on the first and last third of the turns. A run's summary holds the median of each
@@ -679,11 +681,11 @@ def _limits(case: dict[str, Any]) -> str:
 
     return (
         f"groups without return spread {shown('zero_variance_groups', '.0%')}, pass rate {shown('pass_rate', '.0%')}, "
-        f"invalid actions {shown('invalid_rate', '.0%')}, entropy {shown('entropy', '.2f')}, action entropy "
-        f"{shown('action_entropy', '.2f')} bits, approx KL {shown('approx_kl', '.1e')} in "
-        f"{shown('optimizer_steps', '.0f')} optimizer steps with {shown('clip_frac', '.0%')} of tokens clipped, "
-        f"advantage mass on the first/last third of the turns {shown('advantage_mass_early', '.0%')}/"
-        f"{shown('advantage_mass_late', '.0%')}."
+        f"invalid actions {shown('invalid_rate', '.0%')}, episodes ending in a loop {shown('loop_rate', '.0%')}, "
+        f"entropy {shown('entropy', '.2f')}, action entropy {shown('action_entropy', '.2f')} bits, approx KL "
+        f"{shown('approx_kl', '.1e')} in {shown('optimizer_steps', '.0f')} optimizer steps with "
+        f"{shown('clip_frac', '.0%')} of tokens clipped, advantage mass on the first/last third of the turns "
+        f"{shown('advantage_mass_early', '.0%')}/{shown('advantage_mass_late', '.0%')}."
     )
 
 

@@ -52,6 +52,7 @@ def test_run_summary_by_hand():
             "update/approx_kl": 0.5,
             "update/clip_frac": 0.25,
             "rollout/action_entropy": 1.5,
+            "rollout/loop_rate": 0.2,
         },
         {
             "iteration": 2,
@@ -81,6 +82,7 @@ def test_run_summary_by_hand():
     assert limits["zero_variance_groups"] == pytest.approx(0.5) and limits["pass_rate"] == pytest.approx(0.45)
     assert limits["entropy"] == 0.5 and limits["optimizer_steps"] is None and limits.keys() == lift.LIMITS.keys()
     assert limits["action_entropy"] == pytest.approx(1.0) and limits["approx_kl"] == pytest.approx(0.251)
+    assert limits["loop_rate"] == 0.2  # one iteration logs it (runs before the metric log none)
     assert limits["clip_frac"] == 0.25 and summary["largest_approx_kl"] == 0.5  # the median hides the 0.5 step
     other = {**summary, "limits": {**limits, "zero_variance_groups": 0.0, "entropy": None}}
     case = lift.Case("c", "a case", (), 2, 2, lift.Goal("lift", 20.0))
@@ -414,7 +416,7 @@ def test_a_case_without_sampled_evaluation_reports_dashes(tmp_path):
     assert "| r | 2 | - | 25.0% -> 62.5% | +37.5 [" in text and "| - -> - | - | 10.0 |" in text
     assert "(lift +25.0; sampled -; largest approx KL -;" in text and "nan" not in text
     assert (
-        "groups without return spread -, pass rate 50%, invalid actions 10%, entropy -, "
+        "groups without return spread -, pass rate 50%, invalid actions 10%, episodes ending in a loop -, entropy -, "
         "action entropy - bits, approx KL - in - optimizer steps with - of tokens clipped" in text
     )
     one_seed = {"cases": [lift.case_summary(case, [run(0, 0.25, 0.5)], None)]}
