@@ -47,6 +47,12 @@ def check_rollout(rollout: RolloutConfig) -> None:
     _require(0 < rollout.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {rollout.top_p}")
     _require(0 <= rollout.explore_rate < 1, "rollout.explore_rate", f"must be in [0, 1), got {rollout.explore_rate}")
     _require(
+        0 <= rollout.greedy_members < rollout.group_size,
+        "rollout.greedy_members",
+        f"must be in [0, rollout.group_size) (a group needs a sampled member), got {rollout.greedy_members} "
+        f"with group_size {rollout.group_size}",
+    )
+    _require(
         rollout.target_pass_rate is None or 0 < rollout.target_pass_rate < 1,
         "rollout.target_pass_rate",
         f"must be in (0, 1), or null for no curriculum, got {rollout.target_pass_rate}",

@@ -19,7 +19,7 @@ from agent_rl.core.losses import LossSpec
 from agent_rl.training.infra.resolution import resolve
 from agent_rl.training.loop.learner import Learner, accumulate_policy_gradient, minibatch_count, step_scale, warmup_lr
 from agent_rl.training.loop.micro_batches import merge_repeated_rows, plan_micro_batches
-from agent_rl.training.serving.logprobs import recompute_logprobs, response_logits, sequence_logprobs
+from agent_rl.training.serving.logprobs import recompute_logprobs, response_logits, sequence_logprobs, unsampled_rows
 
 # ---- teacher-forced logprobs (response_logits, sequence_logprobs) --------------------------------------------------
 
@@ -820,11 +820,17 @@ def test_recomputed_logprobs_are_the_models_and_the_mismatch_is_measured():
     assert metrics["update/logprob_mismatch_max"] == pytest.approx(1.0, abs=1e-4)
     _, metrics = recompute_logprobs(model, batch, 2, 1.0, rows=batch.extras["explored"])
     assert metrics == {}  # nothing the engine sampled was rescored
+    # A greedy row's logprobs are greedy decoding's, not the sampling temperature's: left out alike.
+    batch.extras["greedy"] = np.array([False, True, False, False, False, False])
+    _, metrics = recompute_logprobs(model, batch, micro_batch_size=2, temperature=1.0, rows=rows)
+    assert metrics["update/logprob_mismatch_max"] == pytest.approx(0.25, abs=1e-4)  # row 0 alone
+    np.testing.assert_array_equal(unsampled_rows(batch), [False, True, False, True, False, False])
 
 
-def test_the_update_scores_explored_rows_with_its_own_weights(policy):
-    """An explored row's placeholder logprobs (zeros) never reach the ratio: with lr 0 the first
-    step's ratios are exactly 1 and its KL 0, as for rows the engine sampled."""
+@pytest.mark.parametrize("flag", ["explored", "greedy"])
+def test_the_update_scores_explored_and_greedy_rows_with_its_own_weights(policy, flag):
+    """An explored row's placeholder logprobs (zeros), or a greedy row's, never reach the ratio: with
+    lr 0 the first step's ratios are exactly 1 and its KL 0, as for rows the engine sampled."""
     model, _ = policy
     prompts, responses, _ = _synthetic_rows(model.config.vocab_size, 4, seed=3)
     with torch.no_grad():
@@ -835,7 +841,7 @@ def test_the_update_scores_explored_rows_with_its_own_weights(policy):
     overrides = ["rollout.temperature=1", "optim.epochs=1", "algo.loss=grpo", "algo.kl_coef=0", "engine=hf"]
     config = resolve(load_config(overrides=[*overrides, "optim.min_steps=0"]))
     for explored in (True, False):
-        batch.extras["explored"] = np.array([False, False, explored, False])
+        batch.extras[flag] = np.array([False, False, explored, False])
         copy_ = copy.deepcopy(model)
         learner = Learner(copy_, torch.optim.AdamW(copy_.parameters(), lr=0.0), config, np.random.default_rng(0))
         with Progress(disable=True) as progress:

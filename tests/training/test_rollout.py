@@ -388,6 +388,33 @@ def test_exploration_plays_random_admissible_actions_written_as_the_policy_write
     np.testing.assert_array_equal(again.extras["explored"], explored)
 
 
+def test_greedy_members_play_greedily_and_are_marked_for_the_learner(policy):
+    _, tokenizer = policy
+    env = RegisteredEnv("test_rollout/Coin-v0", {"steps": 3})
+    config = one_round(n_groups=3, group_size=4, max_turns=3, greedy_members=1)
+    engine = ScriptedEngine(tokenizer)
+    batch, _ = collect_rollouts(env, engine, tokenizer, config, np.random.default_rng(5))
+    check_batch_invariants(batch, config)
+    greedy = batch.extras["greedy"]
+    # Each group's first trajectory, all of its turns, and no other.
+    first_of_group = np.array(
+        [t == batch.traj_id[batch.group_id == g].min() for t, g in zip(batch.traj_id, batch.group_id)]
+    )
+    np.testing.assert_array_equal(greedy, first_of_group)
+    assert greedy.sum() == 9 and not batch.extras["explored"].any()
+    # Every turn, one greedy call for the 3 greedy members and one sampled call for the other 9.
+    assert [(size, sampling.greedy) for size, sampling in engine.calls] == [(3, True), (9, False)] * 3
+    plain, _ = collect_rollouts(
+        env,
+        ScriptedEngine(tokenizer),
+        tokenizer,
+        one_round(n_groups=3, group_size=4, max_turns=3),
+        np.random.default_rng(5),
+    )
+    np.testing.assert_array_equal(plain.extras["seed"], batch.extras["seed"])  # the same seed stream
+    assert not plain.extras["greedy"].any()
+
+
 def test_explored_replies_are_not_shaped_as_overlong(policy):
     """Replies at the token limit are shaped when the policy wrote them, not when exploration did."""
     _, tokenizer = policy
@@ -749,6 +776,8 @@ def test_rollout_config_is_validated(policy):
         ({"explore_rate": -0.1}, "rollout.explore_rate"),
         ({"explore_rate": 1.0}, "rollout.explore_rate"),
         ({"explore_rate": float("nan")}, "rollout.explore_rate"),
+        ({"greedy_members": -1}, "rollout.greedy_members"),
+        ({"greedy_members": 8, "group_size": 8}, "rollout.greedy_members"),
         ({"target_pass_rate": 0.0}, "rollout.target_pass_rate"),
         ({"target_pass_rate": 1.0}, "rollout.target_pass_rate"),
         ({"target_pass_rate": float("nan")}, "rollout.target_pass_rate"),

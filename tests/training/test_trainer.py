@@ -522,6 +522,16 @@ def test_the_reverse_curriculum_and_progress_shaping_need_oracle_plans(tmp_path,
 
 
 @pytest.mark.slow
+def test_greedy_members_turns_are_scored_at_the_sampling_temperature_before_the_update(tmp_path):
+    """Greedy decoding reports logprobs at temperature 1; the learner scores those turns at the
+    rollout's 0.5, so the update's first step starts where the policy is: ratios 1, KL 0."""
+    run_dir = tmp_path / "run"
+    train(load_config(overrides=tiny_overrides(run_dir, "rollout.greedy_members=1", "rollout.temperature=0.5")))
+    first = read_metrics(run_dir)[1]
+    assert first["update/first_step_approx_kl"] == pytest.approx(0.0, abs=1e-5)
+
+
+@pytest.mark.slow
 def test_the_reverse_curriculum_moves_its_share_toward_the_target_and_checkpoints_it(tmp_path):
     """Each iteration logs the share it replayed; the next one replays a step more or less, as that
     iteration's training success was below or above the target; the share goes on from the checkpoint."""

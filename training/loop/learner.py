@@ -30,7 +30,12 @@ from agent_rl.training.loop.micro_batches import (
     plan_micro_batches,
 )
 from agent_rl.training.models.policy import is_lora
-from agent_rl.training.serving.logprobs import recompute_logprobs, response_logits, sequence_logprobs
+from agent_rl.training.serving.logprobs import (
+    recompute_logprobs,
+    response_logits,
+    sequence_logprobs,
+    unsampled_rows,
+)
 
 
 def _pad(rows: list[np.ndarray], width: int, device: torch.device) -> torch.Tensor:
@@ -228,8 +233,7 @@ class Learner:
         if batch is not None:
             prompts, responses, old_logprobs = batch.prompt_ids, batch.response_ids, batch.old_logprobs
             rows_advantages, rows_trajectories = [advantages], [np.asarray(batch.traj_id, dtype=np.int64)]
-            # Explored turns were not sampled by the engine: the learner's weights score them.
-            rescore = cfg.trainer.recompute_old_logprobs | batch.extras.get("explored", np.zeros(len(batch), bool))
+            rescore = cfg.trainer.recompute_old_logprobs | unsampled_rows(batch)
             if np.any(rescore):
                 old_logprobs, metrics = recompute_logprobs(
                     self.model,

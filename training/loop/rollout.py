@@ -45,7 +45,7 @@ Decisions worth knowing:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
@@ -117,6 +117,9 @@ class Move:
     explored: bool = False
     """Whether the rollout played a random admissible action in place of the policy's reply
     (``rollout.explore_rate``); its ``logprobs`` are placeholders for the learner to score."""
+    greedy: bool = False
+    """Whether a training rollout decoded this reply greedily (``rollout.greedy_members``); its
+    ``logprobs`` are greedy decoding's, so the learner scores it at the sampling temperature."""
 
 
 class Actor(Protocol):
@@ -300,6 +303,23 @@ def policy_actor(
     if config.action_mode == "admissible":
         return ChoosingActor(policy, np.random.default_rng([CHOICE_STREAM, *(int(s) for s in seeds)]))
     return policy
+
+
+class GreedyMembersActor:
+    """``rollout.greedy_members``: the episodes in ``greedy_slots`` play the greedy policy, the others
+    the sampling one; the greedy moves are marked (``Move.greedy``) for the learner to score."""
+
+    def __init__(self, sampled: PolicyActor | ChoosingActor, greedy: PolicyActor | ChoosingActor, greedy_slots):
+        self.policy, self.greedy, self.greedy_slots = sampled, greedy, frozenset(greedy_slots)
+        self.format, self.tokenizer = sampled.format, sampled.tokenizer  # as ExploringActor writes its moves
+
+    def act(self, episodes: list[Episode]) -> list[Move]:
+        return split_moves(
+            episodes,
+            [e.slot in self.greedy_slots for e in episodes],
+            lambda chosen: [replace(move, greedy=True) for move in self.greedy.act(chosen)],
+            self.policy.act,
+        )
 
 
 class ExploringActor:
@@ -522,6 +542,7 @@ def _record(
             "overlong": move.finish_reason == "length",
             "learn": move.learn,
             "explored": move.explored,
+            "greedy": move.greedy,
             "prompt_ids": np.asarray(move.prompt_ids, dtype=np.int64),
             "response_ids": np.asarray(move.response_ids, dtype=np.int64),
             "old_logprobs": np.asarray(move.logprobs, dtype=np.float32),
@@ -551,6 +572,7 @@ def episodes_to_batch(episodes: Sequence[Episode], group_ids: Sequence[int], fir
             "progress_reward": np.asarray([row["progress_reward"] for row in rows], dtype=np.float64),
             "seed": np.repeat(np.asarray([e.seed for e in episodes], dtype=np.int64), lengths),
             "explored": np.asarray([row["explored"] for row in rows], dtype=bool),
+            "greedy": np.asarray([row["greedy"] for row in rows], dtype=bool),
         },
     )
 
@@ -595,6 +617,10 @@ def collect_rollouts(
         round_seeds = np.repeat(seeds, config.group_size)
         round_groups = np.repeat(np.arange(len(seeds)), config.group_size)
         round_actor = policy_actor(engine, tokenizer, config, play, seeds=seeds)
+        if config.greedy_members:  # each group's seeds are consecutive slots: its first members play greedily
+            greedy_actor = policy_actor(engine, tokenizer, config, play, greedy=True, seeds=seeds)
+            greedy_slots = np.flatnonzero(np.arange(len(round_seeds)) % config.group_size < config.greedy_members)
+            round_actor = GreedyMembersActor(round_actor, greedy_actor, greedy_slots.tolist())
         if config.explore_rate:  # its own numbers, from the round's seeds: the seed stream stays the same
             round_actor = ExploringActor(round_actor, config.explore_rate, np.random.default_rng(seeds))
         with env_pool(envs, len(round_seeds)) as pool:

@@ -109,6 +109,14 @@ def score_continuations(
     return scored
 
 
+def unsampled_rows(batch: StepBatch) -> np.ndarray:
+    """The rows whose old logprobs are not the engine's at the sampling temperature: the turns the
+    rollout explored (``batch.extras["explored"]``, placeholders) or decoded greedily
+    (``batch.extras["greedy"]``). The learner scores them before an update."""
+    none = np.zeros(len(batch), dtype=bool)
+    return np.logical_or(batch.extras.get("explored", none), batch.extras.get("greedy", none))
+
+
 def recompute_logprobs(
     model: torch.nn.Module,
     batch: StepBatch,
@@ -118,8 +126,8 @@ def recompute_logprobs(
     rows: np.ndarray | None = None,
 ) -> tuple[list[np.ndarray], dict[str, float]]:
     """``batch``'s old logprobs with those of ``rows`` (a boolean mask; None: every row) scored by
-    ``model``, and how far the engine's were from them. Rows the rollout explored
-    (``batch.extras["explored"]``) carry no engine logprobs and are left out of the mismatch."""
+    ``model``, and how far the engine's were from them; the :func:`unsampled_rows` are left out of the
+    mismatch."""
     rows = np.ones(len(batch), dtype=bool) if rows is None else np.asarray(rows, dtype=bool)
     index = np.flatnonzero(rows)
     old_logprobs = list(batch.old_logprobs)
@@ -133,7 +141,7 @@ def recompute_logprobs(
     )
     for row, values in zip(index, scored):
         old_logprobs[row] = values.astype(np.float32)
-    engine_scored = rows & ~np.asarray(batch.extras.get("explored", np.zeros(len(batch), dtype=bool)), dtype=bool)
+    engine_scored = rows & ~unsampled_rows(batch)
     diffs = [np.abs(old_logprobs[i] - batch.old_logprobs[i]) for i in np.flatnonzero(engine_scored)]
     if not diffs:
         return old_logprobs, {}
