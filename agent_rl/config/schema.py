@@ -168,11 +168,11 @@ class RolloutConfig:
     explores. 0 (default) plays the policy alone."""
     greedy_members: int = 0
     """Members of each training group (the first this many of ``group_size``) that play greedily, as
-    evaluation does; the others sample. A greedy policy that repeats an invalid command or moves back
-    and forth loses where sampled play, which soon leaves such a loop, wins: its greedy member brings
-    that loop into the batch, where its own group's sampled members show what else wins from the
-    same states. Their turns are learned like the others, with old logprobs scored by the learner's
-    model at the sampling temperature before the update. 0 (default) samples every member."""
+    evaluation does; the others sample. Greedy play loops more often than sampled play (one invalid
+    command over and over, or moves back and forth): its greedy member brings the loops that greedy
+    evaluation meets into the batch, beside its group's sampled members from the same initial
+    state. Their turns are learned like the others, with old logprobs scored by the learner's model
+    at the sampling temperature before the update. 0 (default) samples every member."""
     target_pass_rate: float | None = None
     """Reverse curriculum, for environments that give oracle plans (``agent_rl.envs.oracle_actions``).
     None (default) starts every training episode at its reset state. A rate in (0, 1) starts each
