@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -45,7 +43,14 @@ import numpy as np
 
 from agent_rl.benchmarks.common import RESULTS_DIR, machine_info, stopped, write_json
 from agent_rl.benchmarks.credit_testbed import select_names
-from agent_rl.benchmarks.harness import RunFailed, finished, run_jobs, thread_environment, train_command
+from agent_rl.benchmarks.harness import (
+    RunFailed,
+    adopt_rebuilt_warm_start,
+    finished,
+    run_jobs,
+    thread_environment,
+    train_command,
+)
 from agent_rl.benchmarks.paired_stats import PairedDifference, adjust_family, paired_difference
 from agent_rl.benchmarks.report import (
     area_under,
@@ -410,22 +415,16 @@ def rebuilds_needed(pending: list[Job]) -> list[Job]:
 
 
 def adopt_rebuild(job: Job) -> None:
-    """Give a finished rebuild's checkpoint to the warm start it recreates. A warm start is
-    deterministic (one torch thread), so its iteration-0 evaluation must be the one recorded before;
-    otherwise the seed's later cells would not share their warm start with its earlier ones."""
-    from agent_rl.training.infra.logger import read_metrics
-
-    def evaluation(run_dir: Path) -> dict:
-        return {key: value for key, value in read_metrics(run_dir)[0].items() if key.startswith("eval/")}
-
-    if evaluation(job.run_dir) != evaluation(job.rebuilds.run_dir):
-        raise RunFailed(
-            f"{job.name} was trained again (its checkpoint was not there), and its iteration-0 evaluation "
-            f"differs from the one recorded in {job.rebuilds.run_dir}: the seed's cells would not share one "
-            "warm start. Retrain the whole seed: delete its warm start's and cells' directories."
-        )
-    os.replace(job.run_dir / "checkpoints", job.rebuilds.run_dir / "checkpoints")
-    shutil.rmtree(job.run_dir)
+    """Give a finished rebuild's checkpoint to the warm start it recreates, once it logs the recorded
+    iteration-0 evaluation (otherwise the seed's later cells would not share their warm start with
+    its earlier ones)."""
+    adopt_rebuilt_warm_start(
+        job.run_dir,
+        job.rebuilds.run_dir,
+        job.name,
+        "the seed's cells would not share one warm start. Retrain the whole seed: delete its warm start's and "
+        "cells' directories.",
+    )
 
 
 def run_grid(jobs: dict[str, list[Job]], *, workers: int, gate_points: float, progress) -> dict[str, Gate]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -35,6 +36,26 @@ def logged_iterations(run_dir: Path) -> int:
 def finished(run_dir: Path, iterations: int) -> bool:
     """Whether the run in ``run_dir`` logged its iterations 0 to ``iterations``."""
     return logged_iterations(run_dir) > iterations
+
+
+def adopt_rebuilt_warm_start(rebuilt: Path, recorded: Path, name: str, consequence: str) -> None:
+    """Move the checkpoints of ``rebuilt``, a warm start trained again because the finished run in
+    ``recorded`` lacks them (checkpoints are not committed, so a fresh clone has none), into
+    ``recorded``, and remove ``rebuilt``. A warm start is deterministic on one torch thread, so its
+    iteration-0 evaluation must be the one recorded (every measure recorded; a later version of the
+    library may log more); if not, :class:`RunFailed` says so with the ``consequence`` for the runs
+    that were to share it."""
+    from agent_rl.training.infra.logger import read_metrics
+
+    expected = {key: value for key, value in read_metrics(recorded)[0].items() if key.startswith("eval/")}
+    logged = read_metrics(rebuilt)[0]
+    if not expected or any(logged.get(key) != value for key, value in expected.items()):
+        raise RunFailed(
+            f"{name} was trained again (its checkpoint was not there), and its iteration-0 evaluation "
+            f"differs from the one recorded in {recorded}: {consequence}"
+        )
+    os.replace(rebuilt / "checkpoints", recorded / "checkpoints")
+    shutil.rmtree(rebuilt)
 
 
 def train_command(overrides: Sequence[str], recipe: str | None = None) -> list[str]:

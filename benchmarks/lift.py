@@ -19,7 +19,9 @@ run killed midway resumes from its last checkpoint. Stopping the benchmark (Ctrl
 runs, each saving a checkpoint. ``--report`` summarizes the finished runs and
 trains nothing. Outputs under ``--out`` (default ``benchmarks/results/lift``): per run
 ``runs/<case>/seed<k>/`` (``metrics.jsonl``, ``config.yaml``; checkpoints are not committed),
-``summary.json``, ``summary.md``, ``curves.png`` and ``lifts.png``.
+``summary.json``, ``summary.md``, ``curves.png`` and ``lifts.png``. In a fresh clone of committed
+results, a ``--warm-starts-from`` lift with runs left to train first trains again each warm start
+they share (from its run's ``config.yaml``), which must log the iteration-0 evaluation recorded.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import numpy as np
 from agent_rl.benchmarks.common import RESULTS_DIR, machine_info, stopped, write_json
 from agent_rl.benchmarks.harness import (
     RunFailed,
+    adopt_rebuilt_warm_start,
     finished,
     run_jobs,
     thread_environment,
@@ -339,12 +342,24 @@ class Run:
 
     @property
     def warm_start_in_training(self) -> bool:
-        """Whether another process is training the shared warm start: a run in its directory, or a lift
-        that holds ``warm_starts_from`` (its ``--out``) and has yet to start that run."""
+        """Whether another process is training the shared warm start: a run in its directory or its
+        rebuild's, or a lift that holds ``warm_starts_from`` (its ``--out``) and has yet to start that run."""
         from agent_rl.training.loop.run_dir import run_dir_in_use
 
         return self.warm_start is not None and (
-            run_dir_in_use(self.warm_start) or run_dir_in_use(self.warm_starts_from)
+            run_dir_in_use(self.warm_start)
+            or run_dir_in_use(WarmStartRebuild(self.warm_start, self.case.threads).run_dir)
+            or run_dir_in_use(self.warm_starts_from)
+        )
+
+    @property
+    def warm_start_lost(self) -> bool:
+        """Whether the shared warm start's run finished without its checkpoint, as in a fresh clone of
+        committed results: this lift trains it again (:class:`WarmStartRebuild`)."""
+        return (
+            self.warm_start is not None
+            and finished(self.warm_start, self.iterations)
+            and self.warm_start_problem() is not None
         )
 
     def warm_start_overrides(self) -> tuple[str, ...]:
@@ -385,6 +400,62 @@ class Run:
 
     def environment(self) -> dict[str, str]:
         return thread_environment(self.case.threads)
+
+
+@dataclass(frozen=True)
+class WarmStartRebuild:
+    """The warm start of a finished run trained again, its checkpoint being gone (checkpoints are not
+    committed): that run's own ``config.yaml`` with no RL iteration, in ``<run>/rebuild``. Its
+    checkpoints move into the run once it logs the run's recorded iteration-0 evaluation
+    (:func:`~agent_rl.benchmarks.harness.adopt_rebuilt_warm_start`), so the runs started from it
+    still share one warm start."""
+
+    source: Path
+    """The finished run whose warm start this recreates."""
+    threads: int | None
+    """Torch threads, the case's (the run's config records them too)."""
+    iterations = 0
+
+    @property
+    def name(self) -> str:
+        return f"warm start of {self.source}"
+
+    @property
+    def done(self) -> bool:
+        return finished(self.run_dir, self.iterations)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.source / "rebuild"
+
+    def command(self) -> list[str]:
+        overrides = ["trainer.iterations=0", f"trainer.run_dir={self.run_dir}"]
+        return train_command(overrides, str(self.source / "config.yaml"))
+
+    def environment(self) -> dict[str, str]:
+        return thread_environment(self.threads)
+
+    def adopt(self) -> None:
+        adopt_rebuilt_warm_start(
+            self.run_dir,
+            self.source,
+            self.name,
+            "the runs started from it would not share one warm start. Train that run again (delete its "
+            "directory and rerun its lift) or start these runs without --warm-starts-from.",
+        )
+
+
+def rebuilds_needed(runs: list[Run]) -> list[WarmStartRebuild]:
+    """The shared warm starts to train again: those lost (:attr:`Run.warm_start_lost`) by a pending run,
+    each once, unless another process is rebuilding it already."""
+    from agent_rl.training.loop.run_dir import run_dir_in_use
+
+    rebuilds = {
+        run.warm_start: WarmStartRebuild(run.warm_start, run.case.threads)
+        for run in runs
+        if not run.done and run.warm_start_lost
+    }
+    return [rebuild for rebuild in rebuilds.values() if not run_dir_in_use(rebuild.run_dir)]
 
 
 def run_path(out: Path, case: Case, seed: int) -> Path:
@@ -742,7 +813,9 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="another --out whose runs of the same case and seed hold (or, while another lift trains them, will "
         "hold) their warm-start checkpoints: start from those instead of training each warm start again (the RL "
-        "phase alone; pilots of settings); a run waits for a warm start that is still being trained",
+        "phase alone; pilots of settings); a run waits for a warm start that is still being trained, and one "
+        "whose run finished without its checkpoint (a fresh clone) is trained again first, which must log the "
+        "recorded iteration-0 evaluation",
     )
     parser.add_argument(
         "--set",
@@ -785,7 +858,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = plan(cases, seeds, args.out, settings, args.first_seed, args.engine, args.warm_starts_from)
     if not args.report:
         for run in runs:  # a missing warm start that no process is training fails here, before any run starts
-            if not run.done and (problem := run.warm_start_problem()) and not run.warm_start_in_training:
+            lost_or_training = run.warm_start_lost or run.warm_start_in_training
+            if not run.done and (problem := run.warm_start_problem()) and not lost_or_training:
                 parser.error(
                     f"--warm-starts-from: {problem}, and no lift is training it: start the lift with "
                     f"--out {args.warm_starts_from} first (this one then waits for its warm starts)"
@@ -799,13 +873,24 @@ def main(argv: list[str] | None = None) -> int:
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns) as progress:
             try:
+                rebuilds = rebuilds_needed(runs)
+                for rebuild in [rebuild for rebuild in rebuilds if rebuild.done]:  # a stop came before its adoption
+                    rebuild.adopt()
+                rebuild_of = {rebuild.source: rebuild for rebuild in rebuilds if not rebuild.done}
+
+                def needs(job: Run | WarmStartRebuild) -> tuple[WarmStartRebuild, ...]:
+                    rebuild = rebuild_of.get(job.warm_start) if isinstance(job, Run) else None
+                    return (rebuild,) if rebuild else ()
+
                 run_jobs(
-                    runs,
+                    [*rebuild_of.values(), *runs],
                     workers=args.workers,
                     progress=progress,
                     title="lift",
-                    ready=lambda run: run.warm_start_problem() is None,
-                    waits_outside=lambda run: run.warm_start_in_training,
+                    needs=needs,
+                    ready=lambda job: not isinstance(job, Run) or job.warm_start_problem() is None,
+                    waits_outside=lambda job: isinstance(job, Run) and job.warm_start_in_training,
+                    on_finish=lambda job: None if isinstance(job, Run) else job.adopt(),
                 )
             except RunFailed as exc:
                 print(f"lift: error: {exc}", file=sys.stderr)

@@ -4,6 +4,7 @@ environments it trains on, and a --quick run end to end (runs, summary, plots, r
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -329,6 +330,17 @@ def test_quick_run_stops_resumes_writes_curves_lifts_and_reports_again_without_t
             assert reused[0][key] == own[0][key]
         # With the same settings, the RL phase samples the same batches.
         assert [r["rollout/return"] for r in reused[1:]] == [r["rollout/return"] for r in own[1:]]
+    # A fresh clone of committed results has no checkpoints: the lift trains the shared warm start
+    # again from its run's config, which logs the recorded evaluation, and moves it into place.
+    shutil.rmtree(tmp_path / "runs/say/seed0/checkpoints")
+    rebuilt = tmp_path / "rebuilt"
+    from_fresh_clone = ["--quick", "--cases", "say", "--seeds", "1", "--out", str(rebuilt), "--engine", "hf"]
+    assert lift.main([*from_fresh_clone, "--warm-starts-from", str(tmp_path)]) == 0
+    assert (tmp_path / "runs/say/seed0/checkpoints/sft.json").is_file()
+    assert not (tmp_path / "runs/say/seed0/rebuild").exists()
+    again, before = (read_metrics(root / "runs/say/seed0") for root in (rebuilt, shared))
+    assert again[0]["eval/greedy_success"] == before[0]["eval/greedy_success"]
+    assert [r["rollout/return"] for r in again[1:]] == [r["rollout/return"] for r in before[1:]]
 
 
 def test_bad_settings_fail_before_any_run(tmp_path, capsys):
@@ -388,6 +400,41 @@ def test_a_run_waits_for_a_warm_start_only_while_another_process_trains_it(tmp_p
     assert not run.warm_start_in_training
     (alone,) = lift.plan(lift.QUICK_CASES[:1], 1, tmp_path / "own")
     assert alone.warm_start_problem() is None and not alone.warm_start_in_training
+
+
+def test_a_lost_warm_start_is_trained_again_from_its_runs_config_and_must_match(tmp_path):
+    from filelock import FileLock
+
+    from agent_rl.training.loop.run_dir import LOCK_FILE
+
+    def evaluated(run_dir, iterations, success, **more):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        records = [{"iteration": i, "eval/greedy_success": success, **more} for i in range(iterations + 1)]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    (run,) = lift.plan(lift.QUICK_CASES[:1], 1, tmp_path / "pilot", warm_starts_from=tmp_path / "defaults")
+    assert not run.warm_start_lost and lift.rebuilds_needed([run]) == []  # not trained yet: wait for it
+    evaluated(run.warm_start, run.iterations - 1, 0.5)
+    assert not run.warm_start_lost  # still training
+    evaluated(run.warm_start, run.iterations, 0.5)  # finished; its checkpoint is not there
+    assert run.warm_start_lost and run.warm_start_problem() is not None
+    (rebuild,) = lift.rebuilds_needed([run, run])  # once per warm start
+    assert rebuild.run_dir == run.warm_start / "rebuild" and rebuild.iterations == 0
+    command = rebuild.command()
+    assert command[command.index("--config") + 1] == str(run.warm_start / "config.yaml")
+    assert command[-2:] == ["trainer.iterations=0", f"trainer.run_dir={rebuild.run_dir}"]
+    with FileLock(rebuild.run_dir / LOCK_FILE):  # another lift is rebuilding it: this one waits
+        assert lift.rebuilds_needed([run]) == [] and run.warm_start_in_training
+    # A rebuild that logs another evaluation is refused, and nothing moves.
+    evaluated(rebuild.run_dir, 0, 0.25)
+    (rebuild.run_dir / "checkpoints").mkdir()
+    with pytest.raises(lift.RunFailed, match="iteration-0 evaluation differs"):
+        rebuild.adopt()
+    assert not (run.warm_start / "checkpoints").exists()
+    # One that logs the recorded evaluation (and more measures) gives the run its checkpoints.
+    evaluated(rebuild.run_dir, 0, 0.5, **{"eval/greedy_loop_rate": 0.1})
+    rebuild.adopt()
+    assert (run.warm_start / "checkpoints").is_dir() and not rebuild.run_dir.exists()
 
 
 def test_a_case_without_sampled_evaluation_reports_dashes(tmp_path):
