@@ -348,9 +348,14 @@ class Run:
 
         return self.warm_start is not None and (
             run_dir_in_use(self.warm_start)
-            or run_dir_in_use(WarmStartRebuild(self.warm_start, self.case.threads).run_dir)
+            or run_dir_in_use(self.rebuild.run_dir)
             or run_dir_in_use(self.warm_starts_from)
         )
+
+    @property
+    def rebuild(self) -> WarmStartRebuild | None:
+        """How this lift trains the shared warm start again if its run lost it (None without one)."""
+        return None if self.warm_start is None else WarmStartRebuild(self.warm_start, self.case.threads)
 
     @property
     def warm_start_lost(self) -> bool:
@@ -450,11 +455,7 @@ def rebuilds_needed(runs: list[Run]) -> list[WarmStartRebuild]:
     each once, unless another process is rebuilding it already."""
     from agent_rl.training.loop.run_dir import run_dir_in_use
 
-    rebuilds = {
-        run.warm_start: WarmStartRebuild(run.warm_start, run.case.threads)
-        for run in runs
-        if not run.done and run.warm_start_lost
-    }
+    rebuilds = {run.warm_start: run.rebuild for run in runs if not run.done and run.warm_start_lost}
     return [rebuild for rebuild in rebuilds.values() if not run_dir_in_use(rebuild.run_dir)]
 
 
