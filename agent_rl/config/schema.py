@@ -298,6 +298,13 @@ class AlgorithmConfig:
     is 1: their rows get advantage 0 and leave the update, so the step and invalid-action terms of a
     group that holds no task signal cannot move the policy on their own. An iteration in which every
     group is flat takes no optimizer step. Below 1 ``keep_groups`` drops flat groups anyway."""
+    mask_overlong: bool = False
+    """Give advantage 0 to each row whose reply hit ``rollout.max_new_tokens`` without a stop token
+    (DAPO's overlong filtering; TRL's ``mask_truncated_completions``), so it leaves the update. Such
+    a reply's tail past the action is noise: a negative advantage on it (an invalid action's
+    penalty) moves the mass of its tokens to tokens never sampled, the replies then run longer
+    still, and the run can collapse into replies that never end. With a KL term the row still
+    carries it."""
     eps: float = 1e-6
     """Added to the std in every normalization."""
     loss_kwargs: dict[str, Any] = field(default_factory=dict)

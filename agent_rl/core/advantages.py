@@ -508,6 +508,7 @@ class CreditSettings(Protocol):
     row_weight: str
     keep_groups: float
     drop_flat_groups: bool
+    mask_overlong: bool
     eps: float
 
 
@@ -537,6 +538,7 @@ def compute_advantages(batch: StepBatch, algo: CreditSettings) -> Credit:
     :func:`trajectory_weights`, so each trajectory weighs the same in the loss whatever its length.
     Last, with ``algo.keep_groups`` below 1 or ``algo.drop_flat_groups`` the rows of the groups
     the variance filter drops (:func:`kept_groups`) get 0.
+    With ``algo.mask_overlong`` a row whose reply hit the token limit (``batch.overlong``) gets 0.
     Anchor groups are built once; their statistics are reported with or without step credit.
     ``batch.anchor_key`` must be set when step credit is on.
     """
@@ -587,6 +589,8 @@ def compute_advantages(batch: StepBatch, algo: CreditSettings) -> Credit:
     kept = kept_groups(spread, algo.keep_groups, algo.drop_flat_groups)
     if n:
         advantages = np.where(kept[dense_ids(batch.group_id)[0]], advantages, 0.0)
+    if algo.mask_overlong:
+        advantages = np.where(batch.overlong, 0.0, advantages)
     position_mass = turn_position_mass(advantages, batch.t, batch.traj_id) if n else np.zeros(3)
     return Credit(
         advantages,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 
@@ -630,6 +631,21 @@ def test_the_variance_filter_zeroes_the_groups_it_drops():
     )
     unfiltered = compute_advantages(flat, resolved_algo(overrides))
     assert not unfiltered.advantages.any() and unfiltered.why_no_step() == "every row has zero advantage"
+
+
+def test_masking_overlong_rows_zeroes_them_and_no_other():
+    # One group: trajectory 0 wins (return 1), its second reply hit the token limit and was invalid;
+    # trajectory 1 loses (return 0), its second reply hit the limit. Dr.GRPO: episode advantages
+    # +0.5 and -0.5; the invalid row is charged 1 more.
+    batch = step_batch([0, 0, 0, 0], [0, 0, 1, 1], [0.0, 1.0, 0.0, 0.0], ["a", "b", "a", "b"])
+    batch = dataclasses.replace(batch, action_valid=np.array([True, False, True, True]))
+    batch = dataclasses.replace(batch, overlong=np.array([False, True, False, True]))
+    overrides = ["algo=drgrpo", "algo.row_weight=turn", "algo.negative_weight=1", "algo.invalid_penalty=1"]
+    everything = compute_advantages(batch, resolved_algo(overrides))
+    masked = compute_advantages(batch, resolved_algo([*overrides, "algo.mask_overlong=true"]))
+    np.testing.assert_allclose(everything.advantages, [0.5, -0.5, -0.5, -0.5])
+    np.testing.assert_allclose(masked.advantages, [0.5, 0.0, -0.5, 0.0])
+    assert load_config().algo.mask_overlong is False  # off unless asked for
 
 
 def test_turn_position_mass_by_hand():
