@@ -300,11 +300,9 @@ class AlgorithmConfig:
     group is flat takes no optimizer step. Below 1 ``keep_groups`` drops flat groups anyway."""
     mask_overlong: bool = False
     """Give advantage 0 to each row whose reply hit ``rollout.max_new_tokens`` without a stop token
-    (DAPO's overlong filtering; TRL's ``mask_truncated_completions``), so it leaves the update. Such
-    a reply's tail past the action is noise: a negative advantage on it (an invalid action's
-    penalty) moves the mass of its tokens to tokens never sampled, the replies then run longer
-    still, and the run can collapse into replies that never end. With a KL term the row still
-    carries it."""
+    (DAPO's overlong filtering; TRL's ``mask_truncated_completions``), so it leaves the update: a
+    reply cut off by the limit is not credited with what its cut-off action led to. With a KL term
+    the row still carries that term."""
     eps: float = 1e-6
     """Added to the std in every normalization."""
     loss_kwargs: dict[str, Any] = field(default_factory=dict)
