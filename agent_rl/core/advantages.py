@@ -428,6 +428,8 @@ class Credit:
     novelty: np.ndarray | None = None
     """Per row, the novelty bonus added to its advantage (``algo.novelty_bonus``,
     :func:`novelty_bonuses`); None when the bonus is off."""
+    masked_overlong: int = 0
+    """Rows whose non-zero advantage ``algo.mask_overlong`` set to 0 (their reply hit the token limit)."""
 
     def filtered_out(self) -> bool:
         """Whether the variance filter dropped every group of a batch that had some."""
@@ -439,6 +441,11 @@ class Credit:
             return (
                 "the variance filter (algo.keep_groups, algo.drop_flat_groups) dropped every group: "
                 "each group's returns were all equal"
+            )
+        if self.masked_overlong:
+            return (
+                f"every row has zero advantage once algo.mask_overlong left out the {self.masked_overlong} "
+                "whose reply hit rollout.max_new_tokens"
             )
         return "every row has zero advantage"
 
@@ -589,7 +596,8 @@ def compute_advantages(batch: StepBatch, algo: CreditSettings) -> Credit:
     kept = kept_groups(spread, algo.keep_groups, algo.drop_flat_groups)
     if n:
         advantages = np.where(kept[dense_ids(batch.group_id)[0]], advantages, 0.0)
-    if algo.mask_overlong:
+    masked_overlong = int(np.count_nonzero(batch.overlong & (advantages != 0))) if algo.mask_overlong else 0
+    if masked_overlong:
         advantages = np.where(batch.overlong, 0.0, advantages)
     position_mass = turn_position_mass(advantages, batch.t, batch.traj_id) if n else np.zeros(3)
     return Credit(
@@ -604,6 +612,7 @@ def compute_advantages(batch: StepBatch, algo: CreditSettings) -> Credit:
         kept,
         position_mass,
         novelty,
+        masked_overlong,
     )
 
 

@@ -637,15 +637,25 @@ def test_masking_overlong_rows_zeroes_them_and_no_other():
     # One group: trajectory 0 wins (return 1), its second reply hit the token limit and was invalid;
     # trajectory 1 loses (return 0), its second reply hit the limit. Dr.GRPO: episode advantages
     # +0.5 and -0.5; the invalid row is charged 1 more.
-    batch = step_batch([0, 0, 0, 0], [0, 0, 1, 1], [0.0, 1.0, 0.0, 0.0], ["a", "b", "a", "b"])
-    batch = dataclasses.replace(batch, action_valid=np.array([True, False, True, True]))
+    batch = step_batch([0, 0, 0, 0], [0, 0, 1, 1], [0.0, 1.0, 0.0, 0.0], ["a", "b", "a", "b"], [1, 0, 1, 1])
     batch = dataclasses.replace(batch, overlong=np.array([False, True, False, True]))
     overrides = ["algo=drgrpo", "algo.row_weight=turn", "algo.negative_weight=1", "algo.invalid_penalty=1"]
     everything = compute_advantages(batch, resolved_algo(overrides))
     masked = compute_advantages(batch, resolved_algo([*overrides, "algo.mask_overlong=true"]))
     np.testing.assert_allclose(everything.advantages, [0.5, -0.5, -0.5, -0.5])
     np.testing.assert_allclose(masked.advantages, [0.5, 0.0, -0.5, 0.0])
+    assert masked.masked_overlong == 2 and everything.masked_overlong == 0
     assert load_config().algo.mask_overlong is False  # off unless asked for
+
+
+def test_a_batch_whose_every_learnable_reply_is_overlong_says_so():
+    batch = step_batch([0, 0], [0, 1], [1.0, 0.0], ["a", "a"])
+    batch = dataclasses.replace(batch, overlong=np.array([True, True]))
+    credit = compute_advantages(batch, resolved_algo(["algo=drgrpo", "algo.mask_overlong=true"]))
+    assert not credit.advantages.any()
+    assert credit.why_no_step() == (
+        "every row has zero advantage once algo.mask_overlong left out the 2 whose reply hit rollout.max_new_tokens"
+    )
 
 
 def test_turn_position_mass_by_hand():
