@@ -94,6 +94,7 @@ def validate(config: Config) -> None:
     _require(algo.step_weight >= 0, "algo.step_weight", "must be >= 0")
     _require(algo.eps > 0, "algo.eps", "must be > 0")
     _require(algo.kl_coef is None or algo.kl_coef >= 0, "algo.kl_coef", "must be >= 0")
+    _require(algo.kl_clamp is None or algo.kl_clamp > 0, "algo.kl_clamp", f"must be > 0 or null, got {algo.kl_clamp}")
     _require(algo.invalid_penalty >= 0, "algo.invalid_penalty", "must be >= 0")
     _require(
         math.isfinite(algo.novelty_bonus) and algo.novelty_bonus >= 0,

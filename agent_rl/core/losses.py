@@ -97,16 +97,30 @@ def cispo_surrogate(
     return -weight * advantages * logp, ratio > cap
 
 
-def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: KLEstimator = "k3") -> torch.Tensor:
+K3_LOG_RATIO_BOUND = 20.0
+"""With a k3 clamp, ``d`` is first clamped to +-20 (verl's ``low_var_kl``), so exp(-d) stays finite."""
+
+
+def kl_penalty(
+    logp: torch.Tensor, ref_logp: torch.Tensor, estimator: KLEstimator = "k3", clamp: float | None = None
+) -> torch.Tensor:
     """Per-token estimate of KL(pi || ref) from samples of pi, with d = logp - ref:
-    k1 = d, k2 = d^2 / 2, k3 = exp(-d) + d - 1 (unbiased and non-negative)."""
+    k1 = d, k2 = d^2 / 2, k3 = exp(-d) + d - 1 (unbiased and non-negative).
+
+    ``clamp`` bounds k3 as verl's ``low_var_kl`` does: d clamped to +-``K3_LOG_RATIO_BOUND``, then
+    k3 to at most ``clamp``, so a token beyond the bound adds ``clamp`` and no gradient. Its gradient
+    is (1 - ref/pi) d logp: without the bound a token the policy has pushed far below the reference
+    (on samples of an older policy) outweighs every other term. k1 and k2 are never clamped."""
     d = logp - ref_logp
     if estimator == "k1":
         return d
     if estimator == "k2":
         return 0.5 * d * d
     if estimator == "k3":
-        return torch.expm1(-d) + d
+        if clamp is None:
+            return torch.expm1(-d) + d
+        d = d.clamp(-K3_LOG_RATIO_BOUND, K3_LOG_RATIO_BOUND)
+        return (torch.expm1(-d) + d).clamp(max=clamp)
     raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
 
 
@@ -163,6 +177,7 @@ def policy_loss(
     ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     kl_estimator: KLEstimator = "k3",
+    kl_clamp: float | None = 10.0,
     entropy: torch.Tensor | None = None,
     num_tokens: float | None = None,
     num_rows: float | None = None,
@@ -185,6 +200,8 @@ def policy_loss(
         raise ValueError(f"cispo_cap must be > 0 or None, got {cispo_cap}")
     if kl_coef < 0:
         raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
+    if kl_clamp is not None and not kl_clamp > 0:
+        raise ValueError(f"kl_clamp must be > 0 or None, got {kl_clamp}")
 
     logp = _check("logp", logp, shape, mask)
     old_logp = _check("old_logp", old_logp.detach(), shape, mask)
@@ -212,7 +229,7 @@ def policy_loss(
     if kl_coef > 0 and ref_logp is None:
         raise ValueError("kl_coef > 0 needs ref_logp")
     if ref_logp is not None:
-        kl = kl_penalty(logp, _check("ref_logp", ref_logp.detach(), shape, mask), kl_estimator)
+        kl = kl_penalty(logp, _check("ref_logp", ref_logp.detach(), shape, mask), kl_estimator, kl_clamp)
         metrics["kl_ref"] = float(masked_mean(kl.detach(), mask))
         if kl_coef > 0:
             token_loss = token_loss + kl_coef * kl
@@ -248,6 +265,7 @@ class LossSpec:
     norm_length: float | None = None
     kl_coef: float = 0.0
     kl_estimator: KLEstimator = "k3"
+    kl_clamp: float | None = 10.0
 
     @property
     def kl_on(self) -> bool:

@@ -103,6 +103,7 @@ def test_yaml_file_then_overrides(tmp_path):
         ("sft.format_target=0", "config key 'sft.format_target': must be in (0, 1] or null"),
         ("sft.format_target=1.5", "config key 'sft.format_target': must be in (0, 1] or null"),
         ("sft.max_seconds=0", "config key 'sft.max_seconds': must be > 0 or null"),
+        ("algo.kl_clamp=0", "config key 'algo.kl_clamp': must be > 0 or null, got 0"),
     ],
 )
 def test_bad_values_name_the_key(override, message):

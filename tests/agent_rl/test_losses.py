@@ -80,6 +80,58 @@ def test_kl_estimators_by_hand():
         kl_penalty(logp, ref, "k4")
 
 
+def verl_low_var_kl(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
+    """verl's ``kl_penalty(..., "low_var_kl")`` (verl/trainer/ppo/core_algos.py), ported."""
+    kl = torch.clamp(ref_logprob - logprob, min=-20, max=20)
+    return torch.clamp(torch.exp(kl) - kl - 1, min=-10, max=10)
+
+
+def test_clamped_k3_by_hand_bounds_the_value_and_drops_the_gradient_beyond_it():
+    ref = torch.tensor([-2.0, -1.0, -1.0, -1.0])
+    logp = torch.tensor([-1.0, -6.0, -1.0, -30.0], requires_grad=True)  # d = 1, -5, 0, -29
+    unclamped = kl_penalty(logp, ref, "k3")
+    torch.testing.assert_close(
+        unclamped.detach(), torch.tensor([math.exp(-1.0), math.exp(5.0) - 6.0, 0.0, math.exp(29.0) - 30.0])
+    )
+    clamped = kl_penalty(logp, ref, "k3", clamp=10.0)
+    torch.testing.assert_close(clamped.detach(), torch.tensor([math.exp(-1.0), 10.0, 0.0, 10.0]))
+    (grad,) = torch.autograd.grad(clamped.sum(), logp)
+    # d k3 / d logp = 1 - exp(-d): kept below the bound, 0 beyond it.
+    torch.testing.assert_close(grad, torch.tensor([1.0 - math.exp(-1.0), 0.0, 0.0, 0.0]))
+    (grad,) = torch.autograd.grad(unclamped.sum(), logp)
+    assert float(grad[1]) == pytest.approx(1.0 - math.exp(5.0))  # the token far below ref dominates
+    # k1 and k2 are never clamped.
+    torch.testing.assert_close(kl_penalty(logp, ref, "k2", clamp=10.0), kl_penalty(logp, ref, "k2"))
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(st.floats(-60, 0), min_size=1, max_size=16),
+    st.lists(st.floats(-60, 0), min_size=1, max_size=16),
+)
+def test_clamped_k3_is_verls_low_var_kl(logps, refs):
+    n = min(len(logps), len(refs))
+    logp, ref = torch.tensor(logps[:n], dtype=torch.float64), torch.tensor(refs[:n], dtype=torch.float64)
+    torch.testing.assert_close(kl_penalty(logp, ref, "k3", clamp=10.0), verl_low_var_kl(logp, ref))
+
+
+def test_policy_loss_bounds_its_kl_term_with_kl_clamp():
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    old = torch.tensor([[-1.0, -1.0]])
+    ref = torch.tensor([[-1.0, -1.0]])
+    grads = {}
+    for clamp in (10.0, None):
+        logp = torch.tensor([[-1.0, -9.0]], requires_grad=True)  # the second token 8 nats below ref
+        out = policy_loss(logp, old, torch.zeros(1), mask, ref_logp=ref, kl_coef=0.1, kl_estimator="k3", kl_clamp=clamp)
+        out.loss.backward()
+        grads[clamp] = logp.grad[0, 1].item()
+        assert out.metrics["kl_ref"] == pytest.approx((10.0 if clamp else math.exp(8.0) - 9.0) / 2)
+    # Mean over two tokens, kl_coef 0.1: 0.1 * (1 - e^8) / 2 unclamped; nothing past the bound.
+    assert grads[None] == pytest.approx(0.1 * (1.0 - math.exp(8.0)) / 2, rel=1e-5) and grads[10.0] == 0.0
+    with pytest.raises(ValueError, match="kl_clamp must be > 0 or None"):
+        policy_loss(logp, old, torch.zeros(1), mask, ref_logp=ref, kl_coef=0.1, kl_clamp=0.0)
+
+
 def test_k3_is_unbiased_for_kl():
     # E_{x~p}[k3] = KL(p || q) for categorical p, q.
     p = torch.tensor([0.5, 0.3, 0.2])

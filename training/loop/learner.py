@@ -200,7 +200,9 @@ class Learner:
             dist,
         )
         algo = config.algo
-        self.loss = LossSpec(**algo.loss_kwargs, kl_coef=algo.kl_coef, kl_estimator=algo.kl_estimator)
+        self.loss = LossSpec(
+            **algo.loss_kwargs, kl_coef=algo.kl_coef, kl_estimator=algo.kl_estimator, kl_clamp=algo.kl_clamp
+        )
         self.reference: torch.nn.Module | None = None
         """The frozen policy the KL term measures against (needed when ``algo.kl_coef`` > 0)."""
 
