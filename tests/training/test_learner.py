@@ -885,3 +885,11 @@ def test_the_kl_reference_is_a_frozen_copy_of_the_given_weights(tmp_path):
         assert torch.equal(ours, theirs) and not torch.equal(ours, current) and not ours.requires_grad
     learner.freeze_reference()
     assert all(torch.equal(a, b) for a, b in zip(learner.reference.parameters(), model.parameters()))
+
+
+@pytest.mark.parametrize("overrides, clamp", [([], 10.0), (["algo.kl_clamp=2.5"], 2.5), (["algo.kl_clamp=null"], None)])
+def test_the_learner_carries_the_kl_settings_of_its_config(overrides, clamp):
+    model = _tiny_model()
+    config = resolve(load_config(overrides=["engine=hf", "algo.kl_coef=0.05", *overrides]))
+    learner = Learner(model, torch.optim.AdamW(model.parameters()), config, np.random.default_rng(0))
+    assert (learner.loss.kl_coef, learner.loss.kl_estimator, learner.loss.kl_clamp) == (0.05, "k3", clamp)
