@@ -11,6 +11,7 @@ from agent_rl.core.presets import (
     EPISODE_MODES,
     EPISODE_STATS,
     INVALID_CREDIT,
+    K3_CLAMP,
     KL_ESTIMATORS,
     STEP_CREDIT,
     STEP_NORMALIZE,
@@ -313,7 +314,7 @@ class AlgorithmConfig:
     it and the reference model; null = the loss preset's value (0.001 for grpo, 0 for the others)."""
     kl_estimator: Literal[KL_ESTIMATORS] | None = None
     """KL estimator (d = logp - ref): k1 = d, k2 = d^2/2, k3 = exp(-d) + d - 1; None = the preset's (k3)."""
-    kl_clamp: float | None = 10.0
+    kl_clamp: float | None = K3_CLAMP
     """Upper bound on each token's k3 (verl's ``low_var_kl``: d clamped to +-20, k3 to 10): a token
     beyond it adds the bound and no gradient. null leaves k3 unbounded, where a token the policy
     pushed far below the reference outweighs the rest of the update. k1 and k2 are not clamped."""

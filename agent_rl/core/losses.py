@@ -17,7 +17,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from agent_rl.core.presets import KL_ESTIMATORS, LOSS_AGGS, LOSS_PRESETS, RATIO_LEVELS  # noqa: F401  (LOSS_PRESETS: policy_loss(**LOSS_PRESETS[name]))
+from agent_rl.core.presets import K3_CLAMP, KL_ESTIMATORS, LOSS_AGGS, LOSS_PRESETS, RATIO_LEVELS  # noqa: F401  (LOSS_PRESETS: policy_loss(**LOSS_PRESETS[name]))
 
 RatioLevel = Literal[RATIO_LEVELS]
 LossAgg = Literal[LOSS_AGGS]
@@ -117,10 +117,10 @@ def kl_penalty(
     if estimator == "k2":
         return 0.5 * d * d
     if estimator == "k3":
-        if clamp is None:
-            return torch.expm1(-d) + d
-        d = d.clamp(-K3_LOG_RATIO_BOUND, K3_LOG_RATIO_BOUND)
-        return (torch.expm1(-d) + d).clamp(max=clamp)
+        if clamp is not None:
+            d = d.clamp(-K3_LOG_RATIO_BOUND, K3_LOG_RATIO_BOUND)
+        k3 = torch.expm1(-d) + d
+        return k3 if clamp is None else k3.clamp(max=clamp)
     raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
 
 
@@ -177,7 +177,7 @@ def policy_loss(
     ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     kl_estimator: KLEstimator = "k3",
-    kl_clamp: float | None = 10.0,
+    kl_clamp: float | None = K3_CLAMP,
     entropy: torch.Tensor | None = None,
     num_tokens: float | None = None,
     num_rows: float | None = None,
@@ -265,7 +265,7 @@ class LossSpec:
     norm_length: float | None = None
     kl_coef: float = 0.0
     kl_estimator: KLEstimator = "k3"
-    kl_clamp: float | None = 10.0
+    kl_clamp: float | None = K3_CLAMP
 
     @property
     def kl_on(self) -> bool:

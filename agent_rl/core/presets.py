@@ -65,6 +65,8 @@ LOSS_AGGS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
 """How token losses are averaged into the batch loss (``agent_rl.core.losses.aggregate``)."""
 KL_ESTIMATORS = ("k1", "k2", "k3")
 """Estimators of the KL to the reference (``agent_rl.core.losses.kl_penalty``)."""
+K3_CLAMP = 10.0
+"""The default bound on each token's k3 (``algo.kl_clamp``): verl's ``low_var_kl``."""
 
 LOSS_KWARGS = ("ratio_level", "clip_low", "clip_high", "cispo_cap", "loss_agg", "norm_length")
 """Keys ``algo.loss_kwargs`` may override on top of the loss preset (``agent_rl.core.losses.policy_loss``)."""
