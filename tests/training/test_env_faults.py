@@ -27,6 +27,7 @@ from agent_rl.training.serving.envpool import env_factory
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))
 import faulty_env_example  # noqa: E402  (registers faulty/Lever-v0)
+from test_trainer import tiny_run_overrides  # noqa: E402  (tests/training/ is on the path)
 
 STEP_LINE = faulty_env_example.Lever.step.__code__.co_firstlineno + 4  # the line that raises
 ERROR = f"RuntimeError: {faulty_env_example.CRASH} (in step(); at faulty_env_example.py:{STEP_LINE} in step)"
@@ -36,25 +37,14 @@ def overrides(run_dir: Path, fault: str, *extra: str) -> list[str]:
     return [
         "env.id=faulty/Lever-v0",
         f"env.kwargs={{fault: {fault}}}",
-        "engine=hf",
-        f"trainer.run_dir={run_dir}",
-        "trainer.iterations=2",
-        "trainer.eval_every=2",
-        "trainer.eval_episodes=2",
-        "trainer.eval_sampled=false",
-        "trainer.target_success=null",
-        "rollout.n_groups=2",
-        "rollout.group_size=2",
-        "rollout.max_turns=4",
-        "rollout.min_batch_rows=0",
-        "rollout.max_new_tokens=6",
-        "sft.steps=2",
-        "sft.episodes=2",
-        "sft.batch_size=2",
-        "optim.minibatch_size=4",
-        "optim.micro_batch_size=4",
-        "logging.tensorboard=false",
-        *extra,
+        *tiny_run_overrides(
+            run_dir,
+            "rollout.max_turns=4",
+            "rollout.max_new_tokens=6",
+            "sft.batch_size=2",
+            "logging.tensorboard=false",
+            *extra,
+        ),
     ]
 
 

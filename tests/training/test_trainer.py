@@ -33,9 +33,9 @@ TESTS = Path(__file__).resolve().parents[1]  # tests/, which holds user_env_exam
 TINY_MAZE = "env.kwargs={n_rooms: 2, n_locked_doors: 0, dead_ends: 0, extra_edges: 0, n_distractors: 0, max_steps: 4}"
 
 
-def tiny_overrides(run_dir: Path, *extra: str) -> list[str]:
+def tiny_run_overrides(run_dir: Path, *extra: str) -> list[str]:
+    """Two iterations of a run small enough for a test, on any environment: every size a run has."""
     return [
-        TINY_MAZE,
         "engine=hf",
         f"trainer.run_dir={run_dir}",
         "trainer.iterations=2",
@@ -45,18 +45,28 @@ def tiny_overrides(run_dir: Path, *extra: str) -> list[str]:
         "trainer.target_success=null",
         "rollout.n_groups=2",
         "rollout.group_size=2",
-        "rollout.max_turns=3",
-        "rollout.history_turns=1",
-        "rollout.max_new_tokens=8",
+        "rollout.min_batch_rows=0",
         "sft.steps=2",
         "sft.episodes=2",
-        "sft.batch_size=4",
         "optim.micro_batch_size=4",
         "optim.minibatch_size=4",
-        "rollout.min_batch_rows=0",
-        "logging.console=false",
-        "algo.kl_coef=0",
         *extra,
+    ]
+
+
+def tiny_overrides(run_dir: Path, *extra: str) -> list[str]:
+    return [
+        TINY_MAZE,
+        *tiny_run_overrides(
+            run_dir,
+            "rollout.max_turns=3",
+            "rollout.history_turns=1",
+            "rollout.max_new_tokens=8",
+            "sft.batch_size=4",
+            "logging.console=false",
+            "algo.kl_coef=0",
+            *extra,
+        ),
     ]
 
 
