@@ -34,7 +34,7 @@ TINY_MAZE = "env.kwargs={n_rooms: 2, n_locked_doors: 0, dead_ends: 0, extra_edge
 
 
 def tiny_run_overrides(run_dir: Path, *extra: str) -> list[str]:
-    """Two iterations of a run small enough for a test, on any environment: every size a run has."""
+    """Two iterations of a run on any environment, with every size small enough for a test."""
     return [
         "engine=hf",
         f"trainer.run_dir={run_dir}",
@@ -55,6 +55,7 @@ def tiny_run_overrides(run_dir: Path, *extra: str) -> list[str]:
 
 
 def tiny_overrides(run_dir: Path, *extra: str) -> list[str]:
+    """``tiny_run_overrides`` on a two-room Maze of at most 4 steps."""
     return [
         TINY_MAZE,
         *tiny_run_overrides(
