@@ -151,9 +151,7 @@ def test_every_recipe_loads_and_the_maze_recipe_adds_only_what_belongs_to_its_en
     for path in recipes:
         load_config(path)
 
-    # The library defaults are the main job's learner, but for its learning rate (a quarter of the
-    # default: benchmarks/results/lift_lr_main_job/RESULT.md); the recipe adds its Maze, warm start
-    # and prompt.
+    # The library defaults are the main job's learner; the recipe adds its Maze, warm start and prompt.
     def keys(config):
         return {
             f"{section}.{key}": value
@@ -168,10 +166,8 @@ def test_every_recipe_loads_and_the_maze_recipe_adds_only_what_belongs_to_its_en
         "rollout.max_new_tokens",
         "sft.steps",
         "sft.episodes",
-        "optim.lr",
     }
     assert (library["env.kwargs"], library["sft.steps"], library["sft.episodes"]) == ({}, 300, 500)
-    assert (library["optim.lr"], recipe["optim.lr"]) == (2e-4, 5e-5)
     assert recipe["env.id"] == library["env.id"] == "agent_rl/Maze-v0"
 
 
