@@ -13,6 +13,7 @@ success minus its iteration-0 success (the same run, the same held-out episodes)
     agent-rl bench lift [--cases bandit,maze-clone] [--seeds 5] [--workers 2] [--engine auto] [--out DIR] [--report]
     agent-rl bench lift --cases bandit --set optim.lr=1e-4 algo.negative_weight=1 --out DIR   # other settings
     agent-rl bench lift --cases maze-hold --set optim.target_kl=0.1 --out DIR --warm-starts-from OTHER  # RL only
+    agent-rl bench lift --cases maze-clone --out DIR --arm OTHER optim.lr=5e-5   # two arms, one worker pool
 
 Runs go ``--workers`` at a time, one torch thread each; finished runs are skipped on a rerun and a
 run killed midway resumes from its last checkpoint. Stopping the benchmark (Ctrl-C, SIGTERM) stops its
@@ -22,6 +23,9 @@ trains nothing. Outputs under ``--out`` (default ``benchmarks/results/lift``): p
 ``summary.json``, ``summary.md``, ``curves.png`` and ``lifts.png``. In a fresh clone of committed
 results, a ``--warm-starts-from`` lift with runs left to train first trains again each warm start
 they share (from its run's ``config.yaml``), which must log the iteration-0 evaluation recorded.
+``--arm OTHER KEY=VALUE ...`` trains another arm in the same worker pool, each of its runs from this
+lift's warm start of the same case and seed (as a lift with ``--out OTHER --warm-starts-from`` this
+one's ``--out`` would): a worker idles only while every run left waits for a warm start in training.
 """
 
 from __future__ import annotations
@@ -489,6 +493,31 @@ def plan(
     ]
 
 
+@dataclass(frozen=True)
+class Arm:
+    """Another setting trained in a lift's worker pool (``--arm``): its runs go to ``out`` and start
+    from the lift's warm starts, with ``settings`` in place of the lift's ``--set``."""
+
+    out: Path
+    settings: tuple[str, ...] = ()
+
+
+def plan_arms(runs: list[Run], out: Path, arms: tuple[Arm, ...]) -> list[Run]:
+    """``runs`` (a lift's, under ``out``) and after each, every arm's run of the same case and seed from
+    its warm start: an arm's run is next in line once that warm start is saved."""
+    return [
+        job
+        for run in runs
+        for job in (
+            run,
+            *(
+                Run(run.case, run.seed, run_path(arm.out, run.case, run.seed), arm.settings, run.engine, out)
+                for arm in arms
+            ),
+        )
+    ]
+
+
 # ---- summaries -----------------------------------------------------------------------------------------
 
 
@@ -825,6 +854,16 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="config overrides on top of every case's (compare other settings in another --out)",
     )
+    parser.add_argument(
+        "--arm",
+        nargs="+",
+        action="append",
+        default=[],
+        metavar=("DIR", "KEY=VALUE"),
+        help="another arm, in this lift's worker pool: its runs go to DIR and start from this lift's warm start "
+        "of the same case and seed (as a lift with --out DIR --warm-starts-from this --out would), with these "
+        "overrides in place of --set's; repeatable. Report it with --report --out DIR",
+    )
     args = parser.parse_args(argv)
     every_case = cases = QUICK_CASES if args.quick else CASES
     if args.cases:
@@ -836,17 +875,31 @@ def main(argv: list[str] | None = None) -> int:
     seeds = args.seeds if args.seeds is not None else (QUICK_SEEDS if args.quick else None)
     if seeds is not None and seeds < 1:
         parser.error("--seeds must be at least 1 (a single seed is a pilot: its lifts get no interval)")
-    settings = tuple(args.set)
-    if owned := sorted({s.split("=", 1)[0] for s in settings} & PER_RUN_KEYS):
+
+    def checked(option: str, settings: tuple[str, ...]) -> tuple[str, ...]:
+        if owned := sorted({s.split("=", 1)[0] for s in settings} & PER_RUN_KEYS):
+            parser.error(
+                f"{option} cannot change {', '.join(owned)}: the benchmark sets them for each run (the case's "
+                "iterations and evaluation interval, --first-seed, --out); give the case other sizes in "
+                "benchmarks/lift.py"
+            )
+        try:
+            for case in cases:  # a bad key or value fails here, before any run starts
+                case.config(settings)
+        except ConfigError as exc:
+            parser.error(f"{option}: {exc}")
+        return settings
+
+    settings = checked("--set", tuple(args.set))
+    arms = tuple(Arm(Path(out), checked(f"--arm {out}", tuple(arm))) for out, *arm in args.arm)
+    if arms and (args.report or args.warm_starts_from):
         parser.error(
-            f"--set cannot change {', '.join(owned)}: the benchmark sets them for each run (the case's iterations "
-            "and evaluation interval, --first-seed, --out); give the case other sizes in benchmarks/lift.py"
+            "--arm trains another arm from this lift's own warm starts: not with --report (report each arm with "
+            "--report --out DIR) or --warm-starts-from"
         )
-    try:
-        for case in cases:  # a bad key or value fails here, before any run starts
-            case.config(settings)
-    except ConfigError as exc:
-        parser.error(str(exc))
+    outs = [args.out.resolve(), *(arm.out.resolve() for arm in arms)]
+    if len(set(outs)) < len(outs):
+        parser.error("--arm: every arm needs a directory of its own, other than --out")
     if args.first_seed < 0:
         parser.error("--first-seed must be >= 0")
     family = tuple(args.family.split(",")) if args.family else None
@@ -867,14 +920,19 @@ def main(argv: list[str] | None = None) -> int:
                 )
         from agent_rl.training.loop.run_dir import hold_dir
 
+        out_locks = []
         try:  # held while training, so that a lift started --warm-starts-from this --out waits for its runs
-            out_lock = hold_dir(args.out, f"--out {args.out} is in use by another lift; wait for it or choose another")
+            for out in (args.out, *(arm.out for arm in arms)):
+                out_locks.append(hold_dir(out, f"--out {out} is in use by another lift; wait for it or choose another"))
         except FileExistsError as exc:
+            for lock in out_locks:
+                lock.release()
             parser.error(str(exc))
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns) as progress:
             try:
-                rebuilds = rebuilds_needed(runs)
+                jobs = plan_arms(runs, args.out, arms)
+                rebuilds = rebuilds_needed(jobs)
                 for rebuild in [rebuild for rebuild in rebuilds if rebuild.done]:  # a stop came before its adoption
                     rebuild.adopt()
                 rebuild_of = {rebuild.source: rebuild for rebuild in rebuilds if not rebuild.done}
@@ -884,7 +942,7 @@ def main(argv: list[str] | None = None) -> int:
                     return (rebuild,) if rebuild else ()
 
                 run_jobs(
-                    [*rebuild_of.values(), *runs],
+                    [*rebuild_of.values(), *jobs],
                     workers=args.workers,
                     progress=progress,
                     title="lift",
@@ -899,7 +957,8 @@ def main(argv: list[str] | None = None) -> int:
             except KeyboardInterrupt as exc:
                 return stopped("lift", exc)
             finally:
-                out_lock.release()
+                for lock in out_locks:
+                    lock.release()
     # The summary covers every finished run under --out, whichever cases and seeds this call named.
     finished = [
         run
@@ -924,6 +983,10 @@ def main(argv: list[str] | None = None) -> int:
     write_markdown(summary, args.out / "summary.md")
     plot(summary, args.out)
     print((args.out / "summary.md").read_text())
+    for arm in arms:
+        also = f" --set {' '.join(arm.settings)}" if arm.settings else ""
+        report = f"agent-rl bench lift --report --out {arm.out} --baseline {args.out}{also}"
+        print(f"lift: report the arm {arm.out} with: {report}")
     return 0
 
 

@@ -292,7 +292,9 @@ def test_quick_run_stops_resumes_writes_curves_lifts_and_reports_again_without_t
     assert bench.wait(timeout=180) == 128 + signal.SIGTERM
     time.sleep(0.5)
     assert _processes_using(tmp_path) == []
-    assert lift.main(["--quick", "--out", str(tmp_path), "--engine", "hf"]) == 0  # the rerun finishes them
+    # The rerun finishes them, and trains another arm in the same worker pool from their warm starts.
+    shared = tmp_path / "shared"
+    assert lift.main(["--quick", "--out", str(tmp_path), "--engine", "hf", "--arm", str(shared)]) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert [c["case"] for c in summary["cases"]] == ["say", "bandit"]
     for case in summary["cases"]:
@@ -318,11 +320,8 @@ def test_quick_run_stops_resumes_writes_curves_lifts_and_reports_again_without_t
     assert "no difference shown at 5% family-wise" in (tmp_path / "summary.md").read_text()
     assert lift.main(["--quick", "--out", str(tmp_path / "empty"), "--report"]) == 1
     assert "no finished runs" in capsys.readouterr().err
-    # Another setting from the same warm starts: the RL phase alone, from the same iteration-0 policy
-    # and the same sampling seeds (the engine's stream restarts after the warm start).
-    shared = tmp_path / "shared"
-    reuse = ["--quick", "--cases", "say", "--out", str(shared), "--engine", "hf", "--warm-starts-from", str(tmp_path)]
-    assert lift.main(reuse) == 0
+    # The arm ran the RL phase alone, from the same iteration-0 policy and the same sampling seeds (the
+    # engine's stream restarts after the warm start).
     for seed in (0, 1):
         own, reused = (read_metrics(root / f"runs/say/seed{seed}") for root in (tmp_path, shared))
         assert "sft/steps_taken" in own[0] and "sft/steps_taken" not in reused[0]  # no warm start of its own
@@ -371,6 +370,46 @@ def test_bad_settings_fail_before_any_run(tmp_path, capsys):
     with pytest.raises(SystemExit):
         lift.main(["--quick", "--out", str(tmp_path), "--seeds", "0"])
     assert "--seeds must be at least 1" in capsys.readouterr().err and not (tmp_path / "runs").exists()
+
+
+def test_arms_train_in_one_pool_each_run_after_its_warm_start(tmp_path, monkeypatch):
+    out, arm = tmp_path / "defaults", tmp_path / "candidate"
+    pooled = {}
+
+    def run_jobs(jobs, *, workers, ready, waits_outside, **_):
+        pooled.update(jobs=list(jobs), workers=workers)
+        pooled["ready"] = [ready(job) for job in jobs]
+        pooled["waiting"] = [waits_outside(job) for job in jobs]
+
+    monkeypatch.setattr(lift, "run_jobs", run_jobs)
+    argv = ["--quick", "--cases", "say", "--out", str(out), "--arm", str(arm), "optim.lr=1e-4", "--workers", "2"]
+    assert lift.main(argv) == 1  # nothing trained here: no finished runs to report
+    jobs = pooled["jobs"]
+    assert [(job.run_dir, job.settings, job.warm_starts_from) for job in jobs] == [
+        (out / "runs/say/seed0", (), None),
+        (arm / "runs/say/seed0", ("optim.lr=1e-4",), out),
+        (out / "runs/say/seed1", (), None),
+        (arm / "runs/say/seed1", ("optim.lr=1e-4",), out),
+    ]
+    assert pooled["workers"] == 2
+    # The arm's runs wait, not fail, while this lift (holding --out) has yet to train their warm starts.
+    assert pooled["ready"] == [True, False, True, False] and pooled["waiting"] == [False, True, False, True]
+
+
+def test_bad_arms_fail_before_any_run(tmp_path, capsys):
+    out = ["--quick", "--out", str(tmp_path / "defaults")]
+    for arm, named in (
+        ([str(tmp_path / "arm"), "optim.lr=-1"], f"--arm {tmp_path / 'arm'}: "),
+        ([str(tmp_path / "arm"), "trainer.seed=3"], f"--arm {tmp_path / 'arm'} cannot change trainer.seed"),
+        ([str(tmp_path / "defaults"), "optim.lr=1e-4"], "every arm needs a directory of its own"),
+    ):
+        with pytest.raises(SystemExit):
+            lift.main([*out, "--arm", *arm])
+        assert named in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        lift.main([*out, "--arm", str(tmp_path / "arm"), "--report"])
+    assert "not with --report" in capsys.readouterr().err
+    assert not any(tmp_path.rglob("runs"))
 
 
 def test_a_second_lift_on_the_same_out_stops_before_training(tmp_path, capsys):
