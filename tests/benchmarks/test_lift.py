@@ -399,7 +399,7 @@ def test_arms_train_in_one_pool_each_run_after_its_warm_start(tmp_path, monkeypa
 def test_bad_arms_fail_before_any_run(tmp_path, capsys):
     out = ["--quick", "--out", str(tmp_path / "defaults")]
     for arm, named in (
-        ([str(tmp_path / "arm"), "optim.lr=-1"], f"--arm {tmp_path / 'arm'}: "),
+        ([str(tmp_path / "arm"), "optim.lr=-1"], f"--arm {tmp_path / 'arm'}: config key 'optim.lr'"),
         ([str(tmp_path / "arm"), "trainer.seed=3"], f"--arm {tmp_path / 'arm'} cannot change trainer.seed"),
         ([str(tmp_path / "defaults"), "optim.lr=1e-4"], "every arm needs a directory of its own"),
     ):
