@@ -502,22 +502,6 @@ class Arm:
     settings: tuple[str, ...] = ()
 
 
-def plan_arms(runs: list[Run], out: Path, arms: tuple[Arm, ...]) -> list[Run]:
-    """``runs`` (a lift's, under ``out``) and after each, every arm's run of the same case and seed from
-    its warm start: an arm's run is next in line once that warm start is saved."""
-    return [
-        job
-        for run in runs
-        for job in (
-            run,
-            *(
-                Run(run.case, run.seed, run_path(arm.out, run.case, run.seed), arm.settings, run.engine, out)
-                for arm in arms
-            ),
-        )
-    ]
-
-
 # ---- summaries -----------------------------------------------------------------------------------------
 
 
@@ -931,7 +915,9 @@ def main(argv: list[str] | None = None) -> int:
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns) as progress:
             try:
-                jobs = plan_arms(runs, args.out, arms)
+                arm_runs = [plan(cases, seeds, a.out, a.settings, args.first_seed, args.engine, args.out) for a in arms]
+                # Each arm's run of a case and seed right after this lift's: next in line once its warm start is saved.
+                jobs = [job for same_seed in zip(runs, *arm_runs) for job in same_seed]
                 rebuilds = rebuilds_needed(jobs)
                 for rebuild in [rebuild for rebuild in rebuilds if rebuild.done]:  # a stop came before its adoption
                     rebuild.adopt()
