@@ -11,26 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from tiny_train import TINY_TRAIN  # tests/
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-TINY = [
-    "engine=hf",
-    "trainer.iterations=1",
-    "trainer.eval_episodes=2",
-    "trainer.eval_sampled=false",
-    "trainer.confirm_episodes=0",
-    "rollout.n_groups=2",
-    "rollout.group_size=2",
-    "rollout.max_turns=3",
-    "sft.steps=2",
-    "sft.episodes=2",
-    "sft.batch_size=4",
-    "optim.minibatch_size=2",
-    "rollout.min_batch_rows=0",
-    "logging.console=false",
-    "logging.tensorboard=false",
-]
 
 
 def python_blocks(path: Path) -> list[str]:
@@ -58,7 +42,7 @@ def test_the_quickstart_runs(tmp_path):
     """The quickstart's code (the README's) with its sizes shrunk: both runs train and write their run
     directory."""
     (code,) = python_blocks(ROOT / "docs" / "quickstart.md")
-    code = re.sub(r"^sizes = \[.*\]", f"sizes = {TINY!r}", code, flags=re.M)
+    code = re.sub(r"^sizes = \[.*\]", f"sizes = {TINY_TRAIN!r}", code, flags=re.M)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900

@@ -11,6 +11,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from tiny_train import TINY_TRAIN  # tests/
 
 ROOT = Path(__file__).resolve().parents[1]
 SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
@@ -56,24 +57,6 @@ class Lock(gym.Env):
 gym.register("mine/Lock-v0", entry_point=Lock)
 '''
 
-SHORT_RUN = [
-    "engine=hf",
-    "trainer.iterations=1",
-    "trainer.eval_every=1",
-    "trainer.eval_episodes=2",
-    "trainer.eval_sampled=false",
-    "trainer.target_success=null",
-    "rollout.n_groups=2",
-    "rollout.group_size=2",
-    "rollout.max_turns=1",
-    "optim.minibatch_size=4",
-    "optim.micro_batch_size=4",
-    "sft.steps=2",
-    "sft.episodes=2",
-    "sft.batch_size=2",
-    "logging.tensorboard=false",
-]
-
 
 @pytest.mark.slow
 def test_a_user_project_with_its_own_envs_and_training_packages_trains_through_the_cli_and_the_api(tmp_path):
@@ -91,7 +74,7 @@ def test_a_user_project_with_its_own_envs_and_training_packages_trains_through_t
             "train",
             "env.id=envs.lock:mine/Lock-v0",
             f"trainer.run_dir={tmp_path / 'cli'}",
-            *SHORT_RUN,
+            *TINY_TRAIN,
         ],
         cwd=project,
         env=env,
@@ -106,7 +89,7 @@ def test_a_user_project_with_its_own_envs_and_training_packages_trains_through_t
         assert envs.__file__.startswith({str(project)!r}) and training.__file__.startswith({str(project)!r})
         from agent_rl import load_config, train
         train(load_config(overrides=["env.id=envs.lock:mine/Lock-v0", "trainer.run_dir={tmp_path / "api"}",
-                                     "logging.console=false", *{SHORT_RUN!r}]))
+                                     *{TINY_TRAIN!r}]))
         import envs.lock
         assert envs.lock.Lock.__module__ == "envs.lock"
         print("trained")

@@ -268,7 +268,7 @@ def test_close_stops_the_java_process():
 @needs_java
 @pytest.mark.slow
 def test_one_training_iteration_through_the_cli(tmp_path):
-    from tiny_train import TINY_TRAIN  # tests/envs
+    from tiny_train import TINY_TRAIN  # tests/
 
     from agent_rl.cli import main
     from agent_rl.config import load_config

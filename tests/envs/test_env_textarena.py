@@ -264,7 +264,7 @@ def test_sokoban_box_on_goal_stays_in_the_charset():
 
 
 def test_one_training_iteration_through_the_cli(tmp_path):
-    from tiny_train import TINY_TRAIN  # tests/envs
+    from tiny_train import TINY_TRAIN  # tests/
 
     from agent_rl.cli import main
     from agent_rl.config import load_config

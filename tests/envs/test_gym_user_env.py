@@ -14,7 +14,7 @@ import gymnasium as gym
 import pytest
 import yaml
 from gymnasium import spaces
-from tiny_train import TINY_TRAIN  # tests/envs
+from tiny_train import TINY_TRAIN  # tests/
 
 from agent_rl.cli import main
 from agent_rl.config import Config, ConfigError, load_config

@@ -1,5 +1,6 @@
-"""Overrides for one-iteration CLI training runs of the environment tests (seconds with the embedded
-policy): no evaluation beyond two greedy episodes, no TensorBoard, one torch thread."""
+"""Overrides for the tests' one-iteration training runs (the environment tests, the docs' quickstart, a
+user project; seconds with the embedded policy): no evaluation beyond two greedy episodes at the end,
+no TensorBoard, one torch thread. A test adds what its run needs after them (the last value wins)."""
 
 TINY_TRAIN = [
     "engine=hf",
