@@ -5,11 +5,17 @@ happens to win. For each ``--route`` (actions separated by ``|``) this replays t
 environment on every held-out seed of the given ``agent-rl eval --show N --json`` files, and counts,
 per file, the distinct action sequences played, the episodes whose play follows the route (its
 actions are a prefix of the route's: an episode may end before the route does), how many of those
-the route wins, and the wins off every route.
+the route wins, and the wins off every route. Without evaluation files, ``--episodes N
+--eval-offset K`` replays the routes on the held-out seeds a run's evaluation plays
+(``trainer.eval_episodes``, ``trainer.eval_offset``), so a run that kept no checkpoint can be compared
+by its logged metrics: per route, what an evaluation of a policy that plays it would log as greedy
+success, mean length and action entropy.
 
     python -m agent_rl.benchmarks.fixed_routes RUN/routes_seed0_last.json ... --env textarena/FrozenLake-v0 \\
       --route "[right]|[right]|[right]|[down]|[down]|[down]" --route "[down]|[down]|[down]|[right]|[right]|[right]" \\
       --out RUN/fixed_routes.json
+    python -m agent_rl.benchmarks.fixed_routes --episodes 128 --eval-offset 128 --env textarena/FrozenLake-v0 \\
+      --route "[down]|[down]|[down]|[right]|[right]|[right]" --out RESULTS/fixed_routes_held_out.json
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ from typing import Any
 import gymnasium as gym
 
 from agent_rl.benchmarks.common import machine_info, write_json
-from agent_rl.envs import make_text_env, plays_to_a_win
+from agent_rl.envs import make_text_env, play_through
+from agent_rl.training.loop.evaluation import eval_seeds
+from agent_rl.training.loop.rollout import action_entropy
 
 
 def parse_route(text: str) -> tuple[str, ...]:
@@ -41,14 +49,27 @@ def follows(played: Sequence[str] | None, route: Sequence[str]) -> bool:
     return bool(played) and len(played) <= len(route) and tuple(played) == tuple(route[: len(played)])
 
 
+def play_route(env: gym.Env, route: Sequence[str], seed: int) -> tuple[list[str], bool]:
+    """The actions of ``route`` played from the reset state of ``seed`` until the episode ends (or the
+    route does), and whether the last of them won."""
+    env.reset(seed=int(seed))
+    return play_through(env, route)
+
+
 def route_wins(env: gym.Env, route: Sequence[str], seeds: Sequence[int]) -> list[int]:
     """The seeds on which playing ``route`` from the reset state wins (the route stops where the episode ends)."""
-    winning = []
-    for seed in seeds:
-        env.reset(seed=int(seed))
-        if plays_to_a_win(env, route):
-            winning.append(int(seed))
-    return winning
+    return [int(seed) for seed in seeds if play_route(env, route, seed)[1]]
+
+
+def route_evaluation(env: gym.Env, route: Sequence[str], seeds: Sequence[int]) -> dict[str, float]:
+    """What an evaluation on ``seeds`` logs for a policy that plays ``route`` whatever it is shown: its
+    success rate, mean episode length and the entropy in bits of its actions (``eval/greedy_*``)."""
+    plays = [play_route(env, route, seed) for seed in seeds]
+    return {
+        "success": sum(won for _, won in plays) / len(plays),
+        "length": sum(len(played) for played, _ in plays) / len(plays),
+        "action_entropy": action_entropy([action for played, _ in plays for action in played]),
+    }
 
 
 def census(transcripts: Sequence[dict[str, Any]], routes: dict[str, Sequence[str]], wins: dict[str, set[int]]) -> dict:
@@ -71,22 +92,31 @@ def census(transcripts: Sequence[dict[str, Any]], routes: dict[str, Sequence[str
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("evals", nargs="+", type=Path, help="agent-rl eval --show N --json files")
+    parser.add_argument("evals", nargs="*", type=Path, help="agent-rl eval --show N --json files")
+    parser.add_argument("--episodes", type=int, help="without evaluation files: this many held-out seeds")
+    parser.add_argument("--eval-offset", type=int, default=0, help="where those seeds start (trainer.eval_offset)")
     parser.add_argument("--env", required=True, help="the environment id the evaluations played")
     parser.add_argument("--route", action="append", required=True, help="actions separated by '|' (repeatable)")
     parser.add_argument("--mode", default="greedy", choices=("greedy", "sampled"))
     parser.add_argument("--out", type=Path, required=True, help="where to write the JSON result")
     args = parser.parse_args(argv)
+    if bool(args.evals) == (args.episodes is not None):
+        parser.error("give evaluation files or --episodes, not both")
+    if args.episodes is not None and (args.episodes < 1 or args.eval_offset < 0):
+        parser.error("--episodes must be at least 1 and --eval-offset at least 0")
     try:
         routes = {text: parse_route(text) for text in args.route}
         shown = {str(path): json.loads(path.read_text())[f"{args.mode}_transcripts"] for path in args.evals}
     except (ValueError, KeyError, OSError) as exc:
         print(f"fixed_routes: {exc!r} (evaluations need --show N, and --sampled for the sampled mode)", file=sys.stderr)
         return 2
-    seeds = sorted({t["seed"] for transcripts in shown.values() for t in transcripts})
+    seeds = sorted({t["seed"] for transcripts in shown.values() for t in transcripts}) or eval_seeds(
+        args.episodes, args.eval_offset
+    )
     env = make_text_env(args.env)
     try:
         wins = {name: set(route_wins(env, route, seeds)) for name, route in routes.items()}
+        played = {name: route_evaluation(env, route, seeds) for name, route in routes.items()}
     finally:
         env.close()
     payload = {
@@ -96,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         "seeds": len(seeds),
         "route_wins": {name: len(won_seeds) for name, won_seeds in wins.items()},
         "any_route_wins": len(set().union(*wins.values())),
+        "route_evaluations": played,
         "evaluations": {path: census(transcripts, routes, wins) for path, transcripts in shown.items()},
     }
     write_json(args.out, payload)

@@ -40,16 +40,22 @@ def step_won(info: dict[str, Any], terminated: bool, reward: float) -> bool:
     return bool(info.get("won", terminated and reward > 0))
 
 
-def plays_to_a_win(env: gym.Env, actions: Iterable[str]) -> bool:
-    """Step ``env`` from its current state through ``actions``, stopping where the episode ends; whether
-    the last step played is a win (:func:`step_won`; no action played is none)."""
-    won = False
+def play_through(env: gym.Env, actions: Iterable[str]) -> tuple[list[str], bool]:
+    """Step ``env`` from its current state through ``actions``, stopping where the episode ends: the
+    actions played, and whether the last of them is a win (:func:`step_won`; no action played is none)."""
+    played, won = [], False
     for action in actions:
         _, reward, terminated, truncated, info = env.step(action)
+        played.append(action)
         won = step_won(info, terminated, float(reward))
         if terminated or truncated:
             break
-    return won
+    return played, won
+
+
+def plays_to_a_win(env: gym.Env, actions: Iterable[str]) -> bool:
+    """Whether stepping ``env`` through ``actions`` (:func:`play_through`) ends on a win."""
+    return play_through(env, actions)[1]
 
 
 def seed_split(seed: int | None) -> str:

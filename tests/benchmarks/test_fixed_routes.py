@@ -7,7 +7,15 @@ import json
 import gymnasium as gym
 import pytest
 
-from agent_rl.benchmarks.fixed_routes import census, follows, main, parse_route, route_wins
+from agent_rl.benchmarks.fixed_routes import (
+    census,
+    follows,
+    main,
+    parse_route,
+    play_route,
+    route_evaluation,
+    route_wins,
+)
 
 
 class TwoDoors(gym.Env):
@@ -95,3 +103,34 @@ def test_main_names_a_missing_transcript_list(tmp_path, capsys):
     evaluation.write_text(json.dumps({"greedy_success_rate": 0.5}))
     assert main([str(evaluation), "--env", "x", "--route", "a", "--out", str(tmp_path / "c.json")]) == 2
     assert "greedy_transcripts" in capsys.readouterr().err
+
+
+def test_route_evaluation_is_what_an_evaluation_of_a_policy_playing_the_route_logs():
+    # "open|left" wins the even seeds in two moves; on odd seeds it loses in two. "wait" never ends.
+    env = TwoDoors()
+    assert route_evaluation(env, ("open", "left"), [0, 1, 2]) == {
+        "success": pytest.approx(2 / 3),
+        "length": 2.0,
+        "action_entropy": 1.0,  # "open" and "left" half each
+    }
+    assert route_evaluation(env, ("wait", "wait", "wait"), [0, 1]) == {
+        "success": 0.0,
+        "length": 3.0,
+        "action_entropy": 0.0,
+    }
+    assert play_route(env, ("open", "right", "left"), 1) == (["open", "right"], True)  # stops where the episode ends
+
+
+def test_main_replays_the_routes_on_held_out_seeds_without_evaluation_files(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("agent_rl.benchmarks.fixed_routes.make_text_env", lambda env_id: TwoDoors())
+    out = tmp_path / "held_out.json"
+    argv = ["--env", "two-doors", "--route", "open|left", "--out", str(out)]
+    assert main([*argv, "--episodes", "4", "--eval-offset", "1"]) == 0
+    result = json.loads(out.read_text())
+    # Held-out seeds 2**31 + 1 .. 2**31 + 4: two even ones, which "open|left" wins.
+    assert result["seeds"] == 4 and result["route_wins"] == {"open|left": 2} and result["evaluations"] == {}
+    assert result["route_evaluations"]["open|left"] == {"success": 0.5, "length": 2.0, "action_entropy": 1.0}
+    for wrong in ([], ["--episodes", "0"], [str(tmp_path / "eval.json"), "--episodes", "4"]):
+        with pytest.raises(SystemExit):
+            main([*argv, *wrong])
+    assert "evaluation files or --episodes" in capsys.readouterr().err
