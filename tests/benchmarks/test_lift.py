@@ -292,9 +292,12 @@ def test_quick_run_stops_resumes_writes_curves_lifts_and_reports_again_without_t
     assert bench.wait(timeout=180) == 128 + signal.SIGTERM
     time.sleep(0.5)
     assert _processes_using(tmp_path) == []
-    # The rerun finishes them, and trains another arm in the same worker pool from their warm starts.
+    # The reruns finish them, the first (of one case) training another arm in the same worker pool from
+    # their warm starts.
     shared = tmp_path / "shared"
-    assert lift.main(["--quick", "--out", str(tmp_path), "--engine", "hf", "--arm", str(shared)]) == 0
+    assert lift.main(["--quick", "--cases", "say", "--out", str(tmp_path), "--engine", "hf", "--arm", str(shared)]) == 0
+    assert not (shared / "runs/bandit").exists()
+    assert lift.main(["--quick", "--out", str(tmp_path), "--engine", "hf"]) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert [c["case"] for c in summary["cases"]] == ["say", "bandit"]
     for case in summary["cases"]:
