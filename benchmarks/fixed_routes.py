@@ -56,19 +56,24 @@ def play_route(env: gym.Env, route: Sequence[str], seed: int) -> tuple[list[str]
     return play_through(env, route)
 
 
-def route_wins(env: gym.Env, route: Sequence[str], seeds: Sequence[int]) -> list[int]:
-    """The seeds on which playing ``route`` from the reset state wins (the route stops where the episode ends)."""
-    return [int(seed) for seed in seeds if play_route(env, route, seed)[1]]
+def route_plays(env: gym.Env, route: Sequence[str], seeds: Sequence[int]) -> dict[int, tuple[list[str], bool]]:
+    """:func:`play_route` on each of ``seeds``, by seed."""
+    return {int(seed): play_route(env, route, seed) for seed in seeds}
 
 
-def route_evaluation(env: gym.Env, route: Sequence[str], seeds: Sequence[int]) -> dict[str, float]:
-    """What an evaluation on ``seeds`` logs for a policy that plays ``route`` whatever it is shown: its
-    success rate, mean episode length and the entropy in bits of its actions (``eval/greedy_*``)."""
-    plays = [play_route(env, route, seed) for seed in seeds]
+def route_wins(plays: dict[int, tuple[list[str], bool]]) -> list[int]:
+    """The seeds of ``plays`` (:func:`route_plays`) on which the route won."""
+    return [seed for seed, (_, won) in plays.items() if won]
+
+
+def route_evaluation(plays: dict[int, tuple[list[str], bool]]) -> dict[str, float]:
+    """What an evaluation on the seeds of ``plays`` (:func:`route_plays`) logs for a policy that plays
+    the route whatever it is shown: its success rate, mean episode length and the entropy in bits of
+    its actions (``eval/greedy_*``)."""
     return {
-        "success": sum(won for _, won in plays) / len(plays),
-        "length": sum(len(played) for played, _ in plays) / len(plays),
-        "action_entropy": action_entropy([action for played, _ in plays for action in played]),
+        "success": sum(won for _, won in plays.values()) / len(plays),
+        "length": sum(len(played) for played, _ in plays.values()) / len(plays),
+        "action_entropy": action_entropy([action for played, _ in plays.values() for action in played]),
     }
 
 
@@ -115,10 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     env = make_text_env(args.env)
     try:
-        wins = {name: set(route_wins(env, route, seeds)) for name, route in routes.items()}
-        played = {name: route_evaluation(env, route, seeds) for name, route in routes.items()}
+        plays = {name: route_plays(env, route, seeds) for name, route in routes.items()}
     finally:
         env.close()
+    wins = {name: set(route_wins(played)) for name, played in plays.items()}
     payload = {
         "machine": machine_info(),
         "env": args.env,
@@ -126,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         "seeds": len(seeds),
         "route_wins": {name: len(won_seeds) for name, won_seeds in wins.items()},
         "any_route_wins": len(set().union(*wins.values())),
-        "route_evaluations": played,
+        "route_evaluations": {name: route_evaluation(played) for name, played in plays.items()},
         "evaluations": {path: census(transcripts, routes, wins) for path, transcripts in shown.items()},
     }
     write_json(args.out, payload)

@@ -14,6 +14,7 @@ from agent_rl.benchmarks.fixed_routes import (
     parse_route,
     play_route,
     route_evaluation,
+    route_plays,
     route_wins,
 )
 
@@ -57,9 +58,9 @@ def test_follows_means_a_prefix_of_the_route(played, expected):
 
 def test_route_wins_stops_where_the_episode_ends():
     env = TwoDoors()
-    assert route_wins(env, ("open", "left"), [0, 1, 2, 3]) == [0, 2]
-    assert route_wins(env, ("open", "right", "left"), [0, 1, 2, 3]) == [1, 3]  # "left" never plays
-    assert route_wins(env, ("left", "open"), [0, 1]) == []  # the episode never ends
+    assert route_wins(route_plays(env, ("open", "left"), [0, 1, 2, 3])) == [0, 2]
+    assert route_wins(route_plays(env, ("open", "right", "left"), [0, 1, 2, 3])) == [1, 3]  # "left" never plays
+    assert route_wins(route_plays(env, ("left", "open"), [0, 1])) == []  # the episode never ends
 
 
 def test_census_counts_followers_their_route_wins_and_wins_off_every_route():
@@ -108,12 +109,12 @@ def test_main_names_a_missing_transcript_list(tmp_path, capsys):
 def test_route_evaluation_is_what_an_evaluation_of_a_policy_playing_the_route_logs():
     # "open|left" wins the even seeds in two moves; on odd seeds it loses in two. "wait" never ends.
     env = TwoDoors()
-    assert route_evaluation(env, ("open", "left"), [0, 1, 2]) == {
+    assert route_evaluation(route_plays(env, ("open", "left"), [0, 1, 2])) == {
         "success": pytest.approx(2 / 3),
         "length": 2.0,
         "action_entropy": 1.0,  # "open" and "left" half each
     }
-    assert route_evaluation(env, ("wait", "wait", "wait"), [0, 1]) == {
+    assert route_evaluation(route_plays(env, ("wait", "wait", "wait"), [0, 1])) == {
         "success": 0.0,
         "length": 3.0,
         "action_entropy": 0.0,
