@@ -398,6 +398,12 @@ class SFTConfig:
     """constant, or cosine: linear warmup over the first 5% of the steps, then cosine decay towards 0."""
     batch_size: int = 16
     """(prompt, response) pairs per step."""
+    targets: Literal["played", "listed"] = "played"
+    """random mode: what each demonstration turn teaches. ``played``: the one random action the
+    demonstration played there. ``listed``: every action the turn listed, each weighted by one over
+    their number, so the turn still counts once: the loss whose expectation ``played`` has, without
+    the noise of the draw, for clones whose choice among the listed actions matters
+    (``rollout.action_mode=admissible``). The turn's prompt is forwarded once for all its actions."""
     episodes: int = 500
     """Episodes played to build the demonstration set (distinct seeds); collecting thousands of
     episodes of a game with a long rules text takes minutes."""

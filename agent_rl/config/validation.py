@@ -159,6 +159,11 @@ def validate(config: Config) -> None:
     _require(0.0 <= sft.epsilon <= 1.0, "sft.epsilon", "must be in [0, 1]")
     _require(sft.dagger_episodes >= 0, "sft.dagger_episodes", "must be >= 0")
     _require(0.0 < sft.dagger_fraction < 1.0, "sft.dagger_fraction", "must be in (0, 1)")
+    _require(
+        sft.targets == "played" or sft.mode in ("auto", "random"),
+        "sft.targets",
+        f"listed applies to sft.mode=random (the actions a turn lists); sft.mode is {sft.mode}",
+    )
     if sft.format_target is not None:
         _require(
             0.0 < sft.format_target <= 1.0, "sft.format_target", f"must be in (0, 1] or null, got {sft.format_target}"

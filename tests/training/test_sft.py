@@ -17,6 +17,7 @@ from agent_rl.envs import oracle_actions
 from agent_rl.training.loop.sft import (
     Demonstrations,
     collect_demonstrations,
+    listed_weights,
     scheduled_lr,
     supervised_step,
     train_supervised,
@@ -255,6 +256,58 @@ def test_supervised_step_is_the_mean_token_cross_entropy_of_the_responses():
     assert 0.0 <= accuracy <= 1.0
 
 
+def test_a_weighted_supervised_step_weights_each_rows_tokens():
+    model = _tiny_lm(20)
+    prompts, responses, weights = [[1, 2, 3], [4, 5], [4, 5]], [[6, 7], [8], [9]], [1.0, 0.25, 0.75]
+    with torch.no_grad():
+        nll = []
+        for prompt, response in zip(prompts, responses):
+            logp = torch.log_softmax(model(torch.tensor([prompt + response])).logits[0].float(), -1)
+            nll.append([-float(logp[len(prompt) - 1 + k, token]) for k, token in enumerate(response)])
+    # Row 0's two tokens at weight 1, rows 1 and 2's one token each at 0.25 and 0.75: 3 weighted tokens.
+    expected = (sum(nll[0]) + 0.25 * nll[1][0] + 0.75 * nll[2][0]) / 3.0
+    loss, _ = supervised_step(model, torch.optim.SGD(model.parameters(), lr=0.0), prompts, responses, "fp32", weights)
+    assert loss == pytest.approx(expected, rel=1e-5)
+
+
+def test_listed_weights_make_every_pair_weigh_one():
+    assert listed_weights([1, 3, 2]).tolist() == pytest.approx([1.0, 1 / 3, 1 / 3, 1 / 3, 0.5, 0.5])
+
+
+def test_listed_targets_teach_each_drawn_turn_every_listed_action(monkeypatch):
+    import agent_rl.training.loop.sft as sft
+
+    calls = []
+    step = sft.supervised_step
+
+    def recording_step(model, optimizer, prompts, responses, precision, weights):
+        calls.append((prompts, responses, list(weights)))
+        return step(model, optimizer, prompts, responses, precision, weights)
+
+    monkeypatch.setattr(sft, "supervised_step", recording_step)
+    demos = Demonstrations(prompts=[[1, 2], [1, 3]], responses=[[5], [7]], episodes=2, successes=0)
+    listed = [[[5], [6], [4]], [[7]]]  # turn 0 listed three actions (it played 5), turn 1 one
+    train_supervised(
+        _tiny_lm(8), demos, steps=1, lr=1e-3, batch_size=2, rng=np.random.default_rng(0), progress=False, listed=listed
+    )
+    ((prompts, responses, weights),) = calls
+    rows = sorted(zip(map(tuple, prompts), map(tuple, responses), weights))
+    assert rows == [((1, 2), (4,), 1 / 3), ((1, 2), (5,), 1 / 3), ((1, 2), (6,), 1 / 3), ((1, 3), (7,), 1.0)]
+
+
+def test_listed_targets_clone_the_uniform_choice_over_each_turns_actions():
+    model = _tiny_lm(10)
+    demos = Demonstrations(prompts=[[1, 2], [1, 3]], responses=[[5], [8]], episodes=2, successes=0)
+    listed = [[[5], [6]], [[7], [8], [9]]]
+    train_supervised(
+        model, demos, steps=150, lr=1e-2, batch_size=2, rng=np.random.default_rng(0), progress=False, listed=listed
+    )
+    with torch.no_grad():
+        first = torch.softmax(model(torch.tensor([[1, 2], [1, 3]])).logits[:, -1].float(), -1)
+    assert first[0, [5, 6]].tolist() == pytest.approx([0.5, 0.5], abs=0.05)
+    assert first[1, [7, 8, 9]].tolist() == pytest.approx([1 / 3] * 3, abs=0.05)
+
+
 def test_supervised_training_learns_a_fixed_reply():
     model = _tiny_lm(12)
     demos = Demonstrations(prompts=[[1, 2, 3], [1, 4], [5, 2, 2]], responses=[[9, 10]] * 3, episodes=3, successes=1)
@@ -426,9 +479,9 @@ def test_supervised_training_draws_half_of_each_batch_from_the_dagger_pairs_afte
     batches, modes = [], []
     step = sft.supervised_step
 
-    def recording_step(model, optimizer, prompts, responses, precision):
+    def recording_step(model, optimizer, prompts, responses, *rest):
         batches.append([prompt[0] for prompt in prompts])
-        return step(model, optimizer, prompts, responses, precision)
+        return step(model, optimizer, prompts, responses, *rest)
 
     monkeypatch.setattr(sft, "supervised_step", recording_step)
     demos = Demonstrations(prompts=[[1, 2], [1, 3], [1, 4], [1, 5]], responses=[[6]] * 4, episodes=4, successes=4)
@@ -577,6 +630,36 @@ def test_the_random_warm_start_clones_every_step_without_a_target_and_stops_at_t
     assert full["sft/steps_taken"] == 30 and "sft/format_accuracy" not in full
     bounded = warm_start(copy.deepcopy(model), tokenizer, COUNTER, _random_warm_start_config("sft.max_seconds=1e-9"))
     assert bounded["sft/steps_taken"] == 1  # the bound is checked after every step
+
+
+def test_the_random_warm_start_with_listed_targets_teaches_every_listed_action(policy, monkeypatch):
+    import copy
+
+    import agent_rl.training.loop.sft as sft
+
+    model, tokenizer = policy
+    taught = []
+    train = sft.train_supervised
+
+    def recording_train(model, demos, **kwargs):
+        taught.append((demos, kwargs["listed"]))
+        return train(model, demos, **kwargs)
+
+    monkeypatch.setattr(sft, "train_supervised", recording_train)
+    config = _random_warm_start_config("sft.format_target=null", "sft.steps=2", "sft.targets=listed")
+    sft.warm_start(copy.deepcopy(model), tokenizer, COUNTER, config)
+    ((demos, listed),) = taught
+    prompt_format = PromptFormat.from_rollout(config.rollout)
+    assert listed == [[prompt_format.response_ids(tokenizer, a) for a in actions] for actions in demos.admissible]
+    assert all(response in responses for response, responses in zip(demos.responses, listed))
+
+
+@pytest.mark.parametrize("mode", ["oracle", "none"])
+def test_listed_targets_need_the_random_warm_start(mode):
+    from agent_rl.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=f"'sft.targets': listed applies to sft.mode=random.*is {mode}"):
+        load_config(overrides=[f"sft.mode={mode}", "sft.targets=listed"])
 
 
 def test_a_small_demonstration_set_holds_out_half_of_its_pairs(policy, monkeypatch):

@@ -264,16 +264,20 @@ def supervised_step(
     prompts: list[list[int]],
     responses: list[list[int]],
     precision: str = "fp32",
+    weights: Sequence[float] | None = None,
 ) -> tuple[float, float]:
-    """One cross-entropy step on the response tokens; returns (loss, token accuracy) of the batch."""
+    """One cross-entropy step on the response tokens; returns (loss, token accuracy) of the batch:
+    means over the response tokens, each row's tokens weighted by its ``weights`` entry (1 without)."""
     logits, targets, mask = response_logits(model, prompts, responses, precision)
+    if weights is not None:
+        mask = mask * torch.as_tensor(weights, dtype=mask.dtype, device=mask.device)[:, None]
     token_nll = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
-    loss = (token_nll * mask).sum() / mask.sum().clamp(min=1.0)
+    loss = (token_nll * mask).sum() / mask.sum().clamp(min=1e-12)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
     correct = (logits.detach().argmax(-1) == targets).float()
-    accuracy = float((correct * mask).sum() / mask.sum().clamp(min=1.0))
+    accuracy = float((correct * mask).sum() / mask.sum().clamp(min=1e-12))
     return float(loss.detach()), accuracy
 
 
@@ -290,6 +294,13 @@ def format_accuracy(engine: Engine, tokenizer, config: RolloutConfig, probes: De
         for (completion,) in completions
     ]
     return float(np.mean(named))
+
+
+def listed_weights(counts: Sequence[int]) -> np.ndarray:
+    """Row weights of pairs that teach ``counts[k]`` responses each: ``1 / counts[k]`` on each of
+    pair ``k``'s rows, so every pair weighs 1 in all."""
+    counts = np.asarray(counts, dtype=np.int64)
+    return np.repeat(1.0 / counts, counts)
 
 
 def scheduled_lr(step: int, steps: int, lr: float, schedule: str) -> float:
@@ -317,10 +328,13 @@ def train_supervised(
     dagger: tuple[int, Callable[[], Demonstrations]] | None = None,
     precision: str = "fp32",
     until: Callable[[int], bool] | None = None,
+    listed: list[list[list[int]]] | None = None,
 ) -> dict[str, float]:
     """``steps`` AdamW steps on random batches of ``demos`` with the learning rate of ``scheduled_lr``;
     reports the loss and token accuracy averaged over the last tenth of the steps taken (at least
-    one) and ``sft/steps_taken``. ``dagger=(step, collect)`` calls ``collect()`` (in eval mode)
+    one) and ``sft/steps_taken``. ``listed[i]`` (``sft.targets=listed``), when given, holds the
+    responses pair ``i`` of ``demos`` teaches in place of its own, each weighted by one over their
+    number (``listed_weights``). ``dagger=(step, collect)`` calls ``collect()`` (in eval mode)
     before that step, and from it on draws half of every batch from the pairs it returns: they are
     few next to the demonstrations, but they are the clone's own mistakes (``sft/dagger_*``
     metrics). ``until(steps_taken)`` is asked after every step; True ends training there."""
@@ -355,12 +369,14 @@ def train_supervised(
                 for part, share in zip(pairs, shares)
                 for i in rng.choice(len(part), size=min(share, len(part)), replace=False)
             ]
+            taught = [listed[i] if listed is not None and part is demos else [part.responses[i]] for part, i in batch]
             loss, accuracy = supervised_step(
                 model,
                 optimizer,
-                [part.prompts[i] for part, i in batch],
-                [part.responses[i] for part, i in batch],
+                [part.prompts[i] for (part, i), responses in zip(batch, taught) for _ in responses],
+                [response for responses in taught for response in responses],
                 precision,
+                listed_weights([len(responses) for responses in taught]) if listed is not None else None,
             )
             history.append((loss, accuracy))
             bar.update(task, advance=1, loss=loss, acc=accuracy)
@@ -454,6 +470,12 @@ def warm_start(
             )
 
         dagger = (int(sft.steps * (1.0 - sft.dagger_fraction)), collect)
+    listed = None
+    if sft.targets == "listed":
+        if sft.mode != "random":
+            raise ValueError(f"sft.targets=listed applies to sft.mode=random, and sft.mode is {sft.mode}")
+        prompt_format = PromptFormat.from_rollout(config.rollout)
+        listed = [[prompt_format.response_ids(tokenizer, action) for action in actions] for actions in demos.admissible]
     metrics = train_supervised(
         model,
         demos,
@@ -466,6 +488,7 @@ def warm_start(
         dagger=dagger,
         precision=config.policy.precision,
         until=until,
+        listed=listed,
     )
     if checks:
         metrics["sft/format_accuracy"] = checks[-1]
