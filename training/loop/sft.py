@@ -471,9 +471,7 @@ def warm_start(
 
         dagger = (int(sft.steps * (1.0 - sft.dagger_fraction)), collect)
     listed = None
-    if sft.targets == "listed":
-        if sft.mode != "random":
-            raise ValueError(f"sft.targets=listed applies to sft.mode=random, and sft.mode is {sft.mode}")
+    if sft.targets == "listed":  # random mode (validation): every turn lists its actions
         prompt_format = PromptFormat.from_rollout(config.rollout)
         listed = [[prompt_format.response_ids(tokenizer, action) for action in actions] for actions in demos.admissible]
     metrics = train_supervised(
