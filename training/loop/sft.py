@@ -473,7 +473,10 @@ def warm_start(
     listed = None
     if sft.targets == "listed":  # random mode (validation): every turn lists its actions
         prompt_format = PromptFormat.from_rollout(config.rollout)
-        listed = [[prompt_format.response_ids(tokenizer, action) for action in actions] for actions in demos.admissible]
+        # A game has a few distinct actions over thousands of turns: tokenize each once.
+        actions_of_game = set().union(*demos.admissible)
+        response_of = {action: prompt_format.response_ids(tokenizer, action) for action in actions_of_game}
+        listed = [[response_of[action] for action in actions] for actions in demos.admissible]
     metrics = train_supervised(
         model,
         demos,
