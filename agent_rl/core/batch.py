@@ -66,6 +66,11 @@ class StepBatch:
     """``info["anchor"]`` of that observation: the environment's canonical state key."""
     anchor_key: np.ndarray | None = None
     """Anchor key per row (uint64), filled by ``anchors`` from one of the columns above."""
+    choice_ids: list[np.ndarray] | None = None
+    """Per row, for a response chosen among listed actions and learned as that choice
+    (``rollout.choice_logprobs=choice``): the token ids the choice offered at each response position,
+    ``(response tokens, K)`` padded with -1, over which its logprobs are normalized; a ``(0, 0)``
+    array for a response written freely. None: every response was written freely."""
     extras: dict[str, np.ndarray] = field(default_factory=dict)
     """Optional per-row numeric columns (e.g. recomputed logprob stats)."""
 
@@ -76,6 +81,8 @@ class StepBatch:
             setattr(self, name, [np.asarray(x) for x in getattr(self, name)])
         for name in _TEXT:
             setattr(self, name, list(getattr(self, name)))
+        if self.choice_ids is not None:
+            self.choice_ids = [np.asarray(x, dtype=np.int64) for x in self.choice_ids]
         self.validate()
 
     def __len__(self) -> int:
@@ -98,6 +105,12 @@ class StepBatch:
         for i, (resp, lp) in enumerate(zip(self.response_ids, self.old_logprobs)):
             if len(resp) != len(lp):
                 raise ValueError(f"StepBatch row {i}: {len(resp)} response tokens but {len(lp)} old logprobs")
+        for i, (resp, offered) in enumerate(zip(self.response_ids, self.choice_ids or ())):
+            if offered.ndim != 2 or (offered.size and len(offered) != len(resp)):
+                raise ValueError(
+                    f"StepBatch row {i}: choice_ids of shape {offered.shape} for {len(resp)} response tokens "
+                    f"(expected ({len(resp)}, K), or (0, 0) for a reply written freely)"
+                )
         if n:
             # A stable sort by trajectory keeps row order inside each trajectory; t must then increase.
             order = np.argsort(self.traj_id, kind="stable")
@@ -114,8 +127,8 @@ class StepBatch:
         extras: dict[str, np.ndarray] | None = None,
     ) -> "StepBatch":
         """A batch of per-turn records (what a rollout writes): each row maps every column in
-        ``ROW_COLUMNS`` to its value (other keys are ignored); ``group_id`` and ``traj_id`` give each
-        row's group and trajectory."""
+        ``ROW_COLUMNS`` to its value, and ``choice_ids`` where a rollout records it (other keys are
+        ignored); ``group_id`` and ``traj_id`` give each row's group and trajectory."""
         missing = [name for name in ROW_COLUMNS if rows and name not in rows[0]]
         if missing:
             raise ValueError(f"StepBatch.from_rows: the rows lack the columns {missing}")
@@ -123,6 +136,7 @@ class StepBatch:
             group_id=group_id,
             traj_id=traj_id,
             **{name: [row[name] for row in rows] for name in ROW_COLUMNS},
+            choice_ids=[row["choice_ids"] for row in rows] if rows and "choice_ids" in rows[0] else None,
             extras=dict(extras or {}),
         )
 
@@ -215,6 +229,9 @@ class StepBatch:
         return StepBatch(**kwargs)
 
 
-ROW_COLUMNS = tuple(f.name for f in fields(StepBatch) if f.name not in ("group_id", "traj_id", "anchor_key", "extras"))
-"""The columns a per-turn record carries (:meth:`StepBatch.from_rows`): all but the ids, which
-follow from where the row sits, and the anchor key and extras, which are computed later."""
+ROW_COLUMNS = tuple(
+    f.name for f in fields(StepBatch) if f.name not in ("group_id", "traj_id", "anchor_key", "choice_ids", "extras")
+)
+"""The columns every per-turn record carries (:meth:`StepBatch.from_rows`): all but the ids, which
+follow from where the row sits, the anchor key and extras, which are computed later, and the
+optional ``choice_ids``."""

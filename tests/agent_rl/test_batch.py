@@ -98,6 +98,27 @@ def test_from_rows_reads_every_schema_column_from_per_turn_records():
             np.asarray(v).tolist() for v in getattr(batch, name)
         ], name
     assert rebuilt.extras["seed"].tolist() == [0, 1, 2]
-    assert set(ROW_COLUMNS) | {"group_id", "traj_id", "anchor_key", "extras"} == set(StepBatch.__dataclass_fields__)
+    assert rebuilt.choice_ids is None  # the records carry none
+    assert set(ROW_COLUMNS) | {"group_id", "traj_id", "anchor_key", "choice_ids", "extras"} == set(
+        StepBatch.__dataclass_fields__
+    )
     with pytest.raises(ValueError, match=r"lack the columns \['won'\]"):
         StepBatch.from_rows([{k: v for k, v in rows[0].items() if k != "won"}], group_id=[0], traj_id=[0])
+
+
+def test_choice_ids_travel_with_their_rows_and_must_fit_their_responses():
+    batch = _batch([3, 3, 4], [0, 1, 0])
+    offered = [np.array([[5, 6, -1]]), np.zeros((0, 0)), np.array([[7, 8, 9]] * 3)]  # responses of 1, 2, 3 tokens
+    chosen = StepBatch(**{f: getattr(batch, f) for f in batch.__dataclass_fields__} | {"choice_ids": offered})
+    assert all(ids.dtype == np.int64 for ids in chosen.choice_ids)
+    picked = chosen.select([2, 0])
+    assert [ids.tolist() for ids in picked.choice_ids] == [offered[2].tolist(), offered[0].tolist()]
+    both = StepBatch.concatenate([chosen.select([0, 1]), chosen.select([2])])
+    assert [ids.tolist() for ids in both.choice_ids] == [ids.tolist() for ids in offered]
+    with pytest.raises(ValueError, match="set in some batches only"):
+        StepBatch.concatenate([chosen.select([0, 1]), batch.select([2])])
+    with pytest.raises(ValueError, match=r"row 1: choice_ids of shape \(3, 1\) for 2 response tokens"):
+        StepBatch(
+            **{f: getattr(batch, f) for f in batch.__dataclass_fields__}
+            | {"choice_ids": [offered[0], np.ones((3, 1)), offered[2]]}
+        )

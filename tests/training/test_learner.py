@@ -19,7 +19,13 @@ from agent_rl.core.losses import LossSpec
 from agent_rl.training.infra.resolution import resolve
 from agent_rl.training.loop.learner import Learner, accumulate_policy_gradient, minibatch_count, step_scale, warmup_lr
 from agent_rl.training.loop.micro_batches import merge_repeated_rows, plan_micro_batches
-from agent_rl.training.serving.logprobs import recompute_logprobs, response_logits, sequence_logprobs, unsampled_rows
+from agent_rl.training.serving.logprobs import (
+    offered_logprobs,
+    recompute_logprobs,
+    response_logits,
+    sequence_logprobs,
+    unsampled_rows,
+)
 
 # ---- teacher-forced logprobs (response_logits, sequence_logprobs) --------------------------------------------------
 
@@ -199,6 +205,64 @@ def test_repeated_rows_are_merged_by_prompt_response_and_sign():
     # Rows 0, 1 (same prompt, response, positive), row 4 (same, negative), rows 2, 3 and 5 alone.
     assert groups == {0: (0.75, 2), 4: (-2.0, 1), 2: (1.0, 1), 3: (-1.0, 1), 5: (0.75, 1)}
     assert counts.sum() == 6 and merged.sum() == pytest.approx(advantages.sum())
+
+
+def test_rows_that_offered_different_choices_are_not_merged():
+    prompts, responses = [np.array([1, 2])] * 3, [np.array([5, 0])] * 3
+    offered = [np.array([[5, 6], [0, -1]]), np.array([[5, 6], [0, -1]]), np.array([[5, 7], [0, -1]])]
+    representatives, merged, counts = merge_repeated_rows(prompts, responses, np.arange(3), np.ones(3), offered)
+    assert representatives.tolist() == [0, 2] and merged.tolist() == [2.0, 1.0] and counts.tolist() == [2, 1]
+    assert merge_repeated_rows(prompts, responses, np.arange(3), np.ones(3))[2].tolist() == [3]
+
+
+def test_offered_logprobs_renormalize_over_the_offered_tokens_by_hand():
+    token_logp = torch.log(torch.tensor([[[0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25], [0.7, 0.1, 0.1, 0.1]]]))
+    targets = torch.tensor([[2, 3, 0]])
+    # Position 0 offers tokens 2 and 0, position 1 only its own token, position 2 offers nothing listed.
+    offered = torch.tensor([[[2, 0], [3, -1], [-1, -1]]])
+    got = offered_logprobs(token_logp, targets, offered)
+    torch.testing.assert_close(got, torch.log(torch.tensor([[0.3 / 0.4, 1.0, 0.7]])))
+    assert got[0, 1].item() == 0.0
+    torch.testing.assert_close(offered_logprobs(token_logp, targets, None), torch.log(torch.tensor([[0.3, 0.25, 0.7]])))
+
+
+def test_a_token_the_choice_forced_carries_no_gradient(policy):
+    model, _ = policy
+    offered = [np.array([[7, 9], [8, -1]])]  # the first token is a choice, the second is forced
+    logp, _ = sequence_logprobs(model, [[1, 5, 6]], [[7, 8]], choice_ids=offered)
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    forced = torch.autograd.grad(logp[0, 1], parameters, allow_unused=True, retain_graph=True)
+    assert all(g is None or not g.any() for g in forced)
+    chosen = torch.autograd.grad(logp[0, 0], parameters, allow_unused=True)
+    assert any(g is not None and g.any() for g in chosen)
+
+
+def test_pushing_a_choice_down_moves_its_chance_to_the_other_listed_action(policy):
+    """A row learned as a choice among two listed replies, with a negative advantage: the update
+    lowers its chance and raises the other's by as much (they sum to 1), starting at ratio 1."""
+    model, _ = policy
+    prompt, replies = np.array([1, 5, 6, 9]), [np.array([7, 8]), np.array([11, 8])]
+    offered = [np.array([[7, 11], [8, -1]]), np.array([[7, 11], [8, -1]])]
+
+    def chances(m):
+        with torch.no_grad():
+            logp, _ = sequence_logprobs(m, [prompt] * 2, replies, 1.0, choice_ids=offered)
+        return np.exp(logp.sum(1).numpy())
+
+    before = chances(model)
+    old = [np.array([np.log(before[0]), 0.0], dtype=np.float32)]
+    batch = _rows_batch([prompt], replies[:1], old)
+    batch.choice_ids = offered[:1]
+    config = resolve(
+        load_config(overrides=["rollout.temperature=1", "optim.epochs=1", "engine=hf", "optim.warmup_steps=0"])
+    )
+    copy_ = copy.deepcopy(model)
+    learner = Learner(copy_, torch.optim.AdamW(copy_.parameters(), lr=1e-2), config, np.random.default_rng(0))
+    with Progress(disable=True) as progress:
+        metrics = learner.update(batch, np.array([-1.0]), progress)
+    after = chances(copy_)
+    assert metrics["update/ratio_min"] == pytest.approx(1.0, abs=1e-5)
+    assert after[0] < before[0] - 1e-3 and after.sum() == pytest.approx(1.0, abs=1e-6)
 
 
 @pytest.mark.parametrize("loss", ["grpo", "gspo_token", "cispo", "drgrpo"])

@@ -12,13 +12,14 @@ from gymnasium import spaces
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_rl.config import RolloutConfig
+from agent_rl.config import ConfigError, RolloutConfig, check_rollout
 from agent_rl.envs import register_text_env
 from agent_rl.training.loop.evaluation import evaluate
 from agent_rl.training.loop.rollout import (
     action_entropy,
     choose_in_segments,
     collect_rollouts,
+    constrained_choices,
     constrained_logprobs,
     ended_in_loop,
     next_replay_share,
@@ -481,6 +482,20 @@ def test_constrained_logprobs_renormalize_at_each_branch_by_hand():
     np.testing.assert_allclose(np.exp(chances), [5 / 7 * 0.75, 5 / 7 * 0.25, 2 / 7, 1.0])
 
 
+def test_constrained_choices_give_each_tokens_share_and_the_tokens_offered_by_hand():
+    replies = [[1, 2, 9], [1, 3, 9], [4, 9], [5, 9]]
+    logps = [np.log([0.5, 0.3, 0.9]), np.log([0.5, 0.1, 0.8]), np.log([0.2, 0.7]), np.log([0.01, 0.5])]
+    chosen, offered = constrained_choices(replies, logps, [3, 1])
+    np.testing.assert_allclose(chosen[0], np.log([5 / 7, 0.75, 1.0]))
+    np.testing.assert_allclose(chosen[2], np.log([2 / 7, 1.0]))
+    np.testing.assert_allclose(chosen[3], [0.0, 0.0])  # a run of one: nothing to choose
+    assert offered[0].tolist() == [[1, 4], [2, 3], [9, -1]]  # padded to the run's widest position
+    assert offered[1].tolist() == [[1, 4], [2, 3], [9, -1]]
+    assert offered[2].tolist() == [[1, 4], [9, -1]]
+    assert offered[3].tolist() == [[5], [9]]
+    assert constrained_choices([], [], []) == ([], [])
+
+
 @st.composite
 def reply_runs(draw):
     """Runs of distinct replies ending in EOS (0), with logprobs that agree wherever replies share a
@@ -545,6 +560,46 @@ def test_admissible_mode_plays_listed_actions_with_the_policys_own_logprobs(poli
     np.testing.assert_array_equal(generated.extras["seed"], batch.extras["seed"])
     again, _ = collect_rollouts(env, HFEngine(model, tokenizer), tokenizer, config, np.random.default_rng(5))
     assert list(again.action) == list(batch.action)
+
+
+@pytest.mark.parametrize("explore_rate", [0.0, 0.5])
+def test_choice_logprobs_learn_the_choice_the_rollout_drew(policy, explore_rate):
+    """``rollout.choice_logprobs=choice``: each row carries the tokens its choice offered and the
+    choice's logprobs, which the learner's model recomputes from them (explored rows included); the
+    two listed actions' chances sum to 1 and their forced EOS counts 0."""
+    model, tokenizer = policy
+    env = RegisteredEnv("test_rollout/Coin-v0", {"steps": 3})
+    config = one_round(
+        n_groups=2,
+        group_size=4,
+        max_turns=3,
+        action_mode="admissible",
+        temperature=0.7,
+        choice_logprobs="choice",
+        explore_rate=explore_rate,
+    )
+    batch, _ = collect_rollouts(env, HFEngine(model, tokenizer), tokenizer, config, np.random.default_rng(5))
+    check_batch_invariants(batch, config)
+    replies = [
+        [*tokenizer(a, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id] for a in ("heads", "tails")
+    ]
+    _, offered = constrained_choices(replies, [np.zeros(len(r)) for r in replies], [2])
+    assert replies[0][0] != replies[1][0]  # the first token decides; the rest is forced
+    assert batch.extras["explored"].any() == (explore_rate > 0)
+    for i in range(len(batch)):
+        assert batch.choice_ids[i].tolist() == offered[batch.action[i] == "tails"].tolist()
+    with torch.no_grad():
+        logp, mask = sequence_logprobs(model, batch.prompt_ids, batch.response_ids, 0.7, choice_ids=batch.choice_ids)
+        both, _ = sequence_logprobs(model, batch.prompt_ids[:1] * 2, replies, 0.7, choice_ids=offered)
+    for i in np.flatnonzero(~batch.extras["explored"]):
+        np.testing.assert_allclose(batch.old_logprobs[i], logp[i][mask[i].bool()].numpy(), atol=1e-5)
+    assert (logp[:, 1:] == 0).all() and (logp[:, 0] < 0).all()
+    assert np.exp(both[:, 0].numpy()).sum() == pytest.approx(1.0, abs=1e-6)
+
+
+def test_choice_logprobs_need_the_admissible_mode():
+    with pytest.raises(ConfigError, match=r"rollout\.choice_logprobs.*rollout\.action_mode=admissible"):
+        check_rollout(RolloutConfig(choice_logprobs="choice"))
 
 
 def test_admissible_mode_greedy_plays_the_action_the_policy_most_likely_writes(policy):

@@ -31,6 +31,8 @@ from agent_rl.training.loop.micro_batches import (
 )
 from agent_rl.training.models.policy import is_lora
 from agent_rl.training.serving.logprobs import (
+    offered_logprobs,
+    padded_choices,
     recompute_logprobs,
     response_logits,
     sequence_logprobs,
@@ -77,6 +79,7 @@ def accumulate_policy_gradient(
     reference: torch.nn.Module | None = None,
     shard: tuple[int, int] = (0, 1),
     precision: str = "fp32",
+    choice_ids: list[np.ndarray] | None = None,
 ) -> dict[str, float]:
     """Backpropagate the policy loss of one minibatch, ``micro_batch_size`` rows at a time.
 
@@ -88,7 +91,8 @@ def accumulate_policy_gradient(
     the rows (normalizers stay global), so summing the ranks' gradients gives the full gradient.
     Returns token-weighted metrics over the rows this call stands for, the rows it forwarded
     (``active_rows``) and merged (``repeated_rows``), and the tokens the model forwarded for them
-    (``forwarded_tokens``: prompts and responses, padding included)."""
+    (``forwarded_tokens``: prompts and responses, padding included). Rows with ``choice_ids``
+    (``StepBatch.choice_ids``) are learned with the logprobs of their choice among listed actions."""
     lengths = np.array([len(r) for r in responses], dtype=np.int64)
     kl_on = loss.kl_on
     if kl_on and reference is None:
@@ -102,7 +106,9 @@ def accumulate_policy_gradient(
     merged, counts = np.asarray(advantages, dtype=np.float64).copy(), np.ones(len(advantages), dtype=np.int64)
     active = learnable
     if not kl_on:  # a KL term is not linear in the advantage: repeated rows then go one by one
-        active, merged_advantages, active_counts = merge_repeated_rows(prompts, responses, learnable, merged)
+        active, merged_advantages, active_counts = merge_repeated_rows(
+            prompts, responses, learnable, merged, choice_ids
+        )
         merged[active], counts[active] = merged_advantages, active_counts
     # Planned over all ranks, then each micro-batch is dealt round-robin: balanced and prefix-sharing.
     plan = plan_micro_batches(prompts, responses, active, micro_batch_size * shard[1])
@@ -117,16 +123,17 @@ def accumulate_policy_gradient(
         forwarded += len(rows)
         batch_prompts = [prompts[i] for i in rows]
         batch_responses = [responses[i] for i in rows]
+        batch_choices = None if choice_ids is None else [choice_ids[i] for i in rows]
         forwarded_count += forwarded_tokens(
             [np.arange(len(rows))], batch_prompts, np.array([len(p) for p in batch_prompts]), lengths[rows]
         )
         logits, targets, mask = response_logits(model, batch_prompts, batch_responses, precision)
         token_logp = F.log_softmax(logits.float() / temperature, dim=-1)
-        logp = token_logp.gather(2, targets[..., None])[..., 0] * mask
+        logp = offered_logprobs(token_logp, targets, padded_choices(batch_choices, targets.shape[1], device)) * mask
         with torch.no_grad():
             entropy = -(token_logp.exp() * token_logp).sum(-1)
             ref_logp = (
-                sequence_logprobs(reference, batch_prompts, batch_responses, temperature, precision)[0]
+                sequence_logprobs(reference, batch_prompts, batch_responses, temperature, precision, batch_choices)[0]
                 if kl_on
                 else None
             )
@@ -229,11 +236,13 @@ class Learner:
         prompts: list[np.ndarray] = []
         responses: list[np.ndarray] = []
         old_logprobs: list[np.ndarray] = []
+        choice_ids: list[np.ndarray] = []
         rows_advantages: list[np.ndarray] = []
         rows_trajectories: list[np.ndarray] = []
         metrics: dict[str, float] = {}
         if batch is not None:
             prompts, responses, old_logprobs = batch.prompt_ids, batch.response_ids, batch.old_logprobs
+            choice_ids = batch.choice_ids or [np.zeros((0, 0), dtype=np.int64)] * len(batch)
             rows_advantages, rows_trajectories = [advantages], [np.asarray(batch.traj_id, dtype=np.int64)]
             rescore = cfg.trainer.recompute_old_logprobs | unsampled_rows(batch)
             if np.any(rescore):
@@ -250,9 +259,16 @@ class Learner:
             return metrics
         responses = broadcast_ragged(responses, torch.int64, self.dist)
         old_logprobs = broadcast_ragged(old_logprobs, torch.float32, self.dist)
+        # Each row's (tokens, K) offered ids go flat, after their shape.
+        shapes = broadcast_ragged([np.array(ids.shape) for ids in choice_ids], torch.int64, self.dist)
+        flat = broadcast_ragged([ids.reshape(-1) for ids in choice_ids], torch.int64, self.dist)
+        choice_ids = [ids.reshape(shape) for ids, shape in zip(flat, shapes)]
         (advantages,) = broadcast_ragged(rows_advantages, torch.float64, self.dist)
         (trajectories,) = broadcast_ragged(rows_trajectories, torch.int64, self.dist)
-        return {**metrics, **self.optimize(prompts, responses, old_logprobs, advantages, progress, trajectories)}
+        return {
+            **metrics,
+            **self.optimize(prompts, responses, old_logprobs, advantages, progress, trajectories, choice_ids),
+        }
 
     def optimize(
         self,
@@ -262,6 +278,7 @@ class Learner:
         advantages: np.ndarray,
         progress: Progress,
         trajectories: np.ndarray | None = None,
+        choice_ids: list[np.ndarray] | None = None,
     ) -> dict[str, float]:
         """PPO-style: ``optim.epochs`` passes over the rows that carry a gradient, each shuffled and
         split into minibatches; one AdamW step (after clipping) per minibatch, so every step after the
@@ -278,7 +295,8 @@ class Learner:
         policy as far as one with hundreds. A batch with no learnable row takes no step
         (``update/skipped``). A step whose loss or gradient norm is not finite is not taken: its
         gradient is dropped and ``update/nonfinite_steps`` counts it, so no NaN reaches a weight or
-        AdamW's moments."""
+        AdamW's moments. ``choice_ids`` (``StepBatch.choice_ids``) has rows learned as choices among
+        listed actions."""
         optim = self.config.optim
         learnable = learnable_rows(responses, advantages, self.loss.kl_on)
         if len(learnable) == 0:
@@ -323,6 +341,7 @@ class Learner:
                 reference=self.reference,
                 shard=(self.dist.rank, self.dist.world_size),
                 precision=self.config.policy.precision,
+                choice_ids=None if choice_ids is None else [choice_ids[i] for i in rows],
             )
             if optim.target_kl is not None and index > 0:
                 # Not at the first minibatch, whose KL measures only engine/learner numerics; rank 0's

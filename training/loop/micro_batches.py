@@ -75,19 +75,27 @@ def learnable_rows(responses: list[np.ndarray], advantages: np.ndarray, kl_on: b
 
 
 def merge_repeated_rows(
-    prompts: list[np.ndarray], responses: list[np.ndarray], rows: np.ndarray, advantages: np.ndarray
+    prompts: list[np.ndarray],
+    responses: list[np.ndarray],
+    rows: np.ndarray,
+    advantages: np.ndarray,
+    choice_ids: list[np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(representatives, advantages, counts)``: one row for each group of ``rows`` with the same
-    prompt, the same response and the same sign of advantage, carrying the group's summed advantage
-    and its size. A policy stuck in a loop writes the same reply to the same prompt turn after turn;
-    such rows have the same logprobs and ratios, and the clipped surrogate is linear in the
-    advantage on either side of 0 (as CISPO's is everywhere), so the representative's loss is the
-    sum of theirs and each group is forwarded once."""
+    prompt, the same response, the same offered tokens (``choice_ids``, where given) and the same
+    sign of advantage, carrying the group's summed advantage and its size. A policy stuck in a loop
+    writes the same reply to the same prompt turn after turn; such rows have the same logprobs and
+    ratios, and the clipped surrogate is linear in the advantage on either side of 0 (as CISPO's is
+    everywhere), so the representative's loss is the sum of theirs and each group is forwarded once."""
     rows = np.asarray(rows, dtype=np.int64)
     if len(rows) < 2:
         return rows, advantages[rows], np.ones(len(rows), dtype=np.int64)
-    pieces = [piece for i in rows for piece in (prompts[i], (-1,), responses[i])]  # -1: no token id
-    lengths = np.array([len(prompts[i]) + 1 + len(responses[i]) for i in rows])
+    offered = (
+        [np.zeros(0, dtype=np.int64)] * len(prompts) if choice_ids is None else [c.reshape(-1) for c in choice_ids]
+    )
+    # -3 separates the parts (no token id); offered ids are (response tokens, K): their length fixes K.
+    pieces = [piece for i in rows for piece in (prompts[i], (-3,), responses[i], (-3,), offered[i])]
+    lengths = np.array([len(prompts[i]) + len(responses[i]) + 2 + len(offered[i]) for i in rows])
     matrix = np.full((len(rows), int(lengths.max()) + 1), -2, dtype=np.int64)
     matrix[:, :-1][np.arange(matrix.shape[1] - 1) < lengths[:, None]] = np.concatenate(pieces)
     matrix[:, -1] = np.sign(advantages[rows])

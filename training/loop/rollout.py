@@ -120,6 +120,10 @@ class Move:
     greedy: bool = False
     """Whether a training rollout decoded this reply greedily (``rollout.greedy_members``); its
     ``logprobs`` are greedy decoding's, so the learner scores it at the sampling temperature."""
+    choice_ids: np.ndarray | None = None
+    """With ``rollout.choice_logprobs=choice``, for a reply chosen among the listed actions: the
+    token ids decoding constrained to the list could write at each of its positions, ``(tokens,
+    K)`` padded with -1; its ``logprobs`` are then the constrained ones. None otherwise."""
 
 
 class Actor(Protocol):
@@ -206,17 +210,18 @@ def choose_in_segments(scores: np.ndarray, counts: Sequence[int], rng: np.random
     return order[np.cumsum(counts) - counts]
 
 
-def constrained_logprobs(
+def constrained_choices(
     replies: Sequence[Sequence[int]], token_logprobs: Sequence[np.ndarray], counts: Sequence[int]
-) -> np.ndarray:
-    """Each reply's logprob when decoding may only continue one of the replies of its run (``counts``
-    consecutive replies per run, distinct, none a prefix of another: each ends with EOS): the sum over
-    its tokens of the token's logprob minus the log of the summed probability of the distinct tokens
-    that continue its prefix within the run. A token no other reply of the run branches off at counts
-    0. Each run's values exponentiate to probabilities that sum to 1."""
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Decoding that may only continue one of the replies of its run (``counts`` consecutive replies
+    per run, distinct, none a prefix of another: each ends with EOS), per reply: each token's
+    logprob under it, the token's logprob minus the log of the summed probability of the distinct
+    tokens that continue its prefix within the run (0 where no other reply branches off), and those
+    tokens' ids, ``(tokens, K)`` padded with -1 (K: the most any of its positions offers). Each
+    run's summed logprobs exponentiate to probabilities that sum to 1."""
     counts = np.asarray(counts, dtype=np.int64)
     if counts.size == 0:
-        return np.zeros(0)
+        return [], []
     runs, most, width = counts.size, int(counts.max()), max(len(r) for r in replies)
     # Runs padded to [run, reply, token]; a padded reply or token is not valid.
     run, member = (
@@ -234,12 +239,28 @@ def constrained_logprobs(
     # The first reply through each node speaks for it, so a token two replies share counts once.
     earlier = np.triu(np.ones((most, most), dtype=bool), k=1)[None, :, :, None]  # [., i, j, .]: i < j
     first = valid & ~(same_node & earlier).any(axis=1)
-    branches = np.where(shares_prefix & first[:, :, None, :], logp[:, :, None, :], -np.inf)  # [r, j, k, t]
+    offered = shares_prefix & first[:, :, None, :] & valid[:, None, :, :]  # [r, i, j, t]: i's token, a branch of j's
+    branches = np.where(offered, logp[:, :, None, :], -np.inf)
     peak = branches.max(axis=1)
     peak = np.where(np.isfinite(peak), peak, 0.0)  # a padded position has no branch
     with np.errstate(divide="ignore"):
         normalizer = peak + np.log(np.exp(branches - peak[:, None]).sum(axis=1))
-    return np.where(valid, logp - normalizer, 0.0).sum(axis=2)[run, member]
+    chosen = np.where(valid, logp - normalizer, 0.0)[run, member]
+    # Each position's offered tokens, first the listed order's, then the padding (a stable sort).
+    options = np.where(offered, tokens[:, :, None, :], -1).transpose(0, 2, 3, 1)[run, member]  # [reply, t, i]
+    options = np.take_along_axis(options, np.argsort(options < 0, axis=2, kind="stable"), axis=2)
+    widths = np.maximum((options >= 0).sum(axis=2).max(axis=1), 1)
+    lengths = [len(r) for r in replies]
+    return [v[:n] for v, n in zip(chosen, lengths)], [o[:n, :k] for o, n, k in zip(options, lengths, widths)]
+
+
+def constrained_logprobs(
+    replies: Sequence[Sequence[int]], token_logprobs: Sequence[np.ndarray], counts: Sequence[int]
+) -> np.ndarray:
+    """Each reply's logprob when decoding may only continue one of the replies of its run
+    (:func:`constrained_choices`); each run's values exponentiate to probabilities that sum to 1."""
+    chosen, _ = constrained_choices(replies, token_logprobs, counts)
+    return np.array([values.sum() for values in chosen])
 
 
 class ChoosingActor:
@@ -249,16 +270,17 @@ class ChoosingActor:
     renormalized over the tokens that continue a listed action (:func:`constrained_logprobs` of the
     replies' token logprobs from ``engine.score``); greedy plays the most probable action, scored at
     temperature 1 as greedy generation reports. The move carries the chosen reply's tokens and their
-    (unconstrained) logprobs, which the learner recomputes alike. Episodes without a list are the
-    policy's to generate."""
+    logprobs: unconstrained, or with ``constrained`` those of the choice and the tokens offered at
+    each position (``Move.choice_ids``), which the learner renormalizes over alike. Episodes without
+    a list are the policy's to generate."""
 
-    def __init__(self, policy: PolicyActor, rng: np.random.Generator):
+    def __init__(self, policy: PolicyActor, rng: np.random.Generator, constrained: bool = False):
         if not callable(getattr(policy.engine, "score", None)):
             raise ValueError(
                 f"rollout.action_mode=admissible scores the admissible actions with engine.score(), and "
                 f"{type(policy.engine).__name__} has none"
             )
-        self.policy, self.rng = policy, rng
+        self.policy, self.rng, self.constrained = policy, rng, constrained
         self.format, self.tokenizer = policy.format, policy.tokenizer
 
     def act(self, episodes: list[Episode]) -> list[Move]:
@@ -278,9 +300,14 @@ class ChoosingActor:
             1.0 if sampling.greedy else sampling.temperature,
         )
         self.policy.stats.generate_seconds += time.perf_counter() - start
-        chances = constrained_logprobs(replies, scored, counts)
-        picks = choose_in_segments(chances, counts, None if sampling.greedy else self.rng)
+        chosen, choice_ids = constrained_choices(replies, scored, counts)
+        picks = choose_in_segments([values.sum() for values in chosen], counts, None if sampling.greedy else self.rng)
         self.policy.stats.tokens += sum(len(replies[i]) for i in picks)
+        if self.constrained:
+            return [
+                Move(actions[i], p, replies[i], chosen[i].tolist(), choice_ids=choice_ids[i])
+                for p, i in zip(prompts, picks)
+            ]
         return [Move(actions[i], prompt, replies[i], scored[i].tolist()) for prompt, i in zip(prompts, picks)]
 
 
@@ -301,7 +328,8 @@ def policy_actor(
     seeded by ``seeds`` (the episodes' reset seeds), so a rerun draws the same."""
     policy = PolicyActor(engine, tokenizer, PromptFormat.from_rollout(config), sampling_params(config, greedy), stats)
     if config.action_mode == "admissible":
-        return ChoosingActor(policy, np.random.default_rng([CHOICE_STREAM, *(int(s) for s in seeds)]))
+        rng = np.random.default_rng([CHOICE_STREAM, *(int(s) for s in seeds)])
+        return ChoosingActor(policy, rng, constrained=config.choice_logprobs == "choice")
     return policy
 
 
@@ -326,10 +354,13 @@ class ExploringActor:
     """The policy, except that each turn of an episode whose environment lists admissible actions
     plays a uniformly random one of them with probability ``rate`` (``rollout.explore_rate``). That
     move is written as the policy writes the action; its logprobs are zeros for the learner to
-    score (``Move.explored``), since no engine sampled it."""
+    score (``Move.explored``), since no engine sampled it, and with ``constrained`` it carries the
+    tokens a choice among the listed actions offers (``Move.choice_ids``)."""
 
-    def __init__(self, policy: PolicyActor | ChoosingActor, rate: float, rng: np.random.Generator):
-        self.policy, self.rate, self.rng = policy, rate, rng
+    def __init__(
+        self, policy: PolicyActor | ChoosingActor, rate: float, rng: np.random.Generator, constrained: bool = False
+    ):
+        self.policy, self.rate, self.rng, self.constrained = policy, rate, rng, constrained
 
     def act(self, episodes: list[Episode]) -> list[Move]:
         listed = np.array([bool(e.admissible_actions) for e in episodes])
@@ -342,7 +373,13 @@ class ExploringActor:
         prompt_format, tokenizer = self.policy.format, self.policy.tokenizer
         response = prompt_format.response_ids(tokenizer, action)
         prompt = turn_prompt_ids(prompt_format, tokenizer, episode)
-        return Move(action, prompt, response, [0.0] * len(response), explored=True)
+        choice_ids = None
+        if self.constrained:
+            listed = list(dict.fromkeys(admissible))
+            replies = [prompt_format.response_ids(tokenizer, a) for a in listed]
+            _, offered = constrained_choices(replies, [np.zeros(len(r)) for r in replies], [len(replies)])
+            choice_ids = offered[listed.index(action)]
+        return Move(action, prompt, response, [0.0] * len(response), explored=True, choice_ids=choice_ids)
 
 
 def overlong_shaping(lengths: np.ndarray, max_new_tokens: int, penalty: float, buffer: int) -> np.ndarray:
@@ -546,6 +583,7 @@ def _record(
             "prompt_ids": np.asarray(move.prompt_ids, dtype=np.int64),
             "response_ids": np.asarray(move.response_ids, dtype=np.int64),
             "old_logprobs": np.asarray(move.logprobs, dtype=np.float32),
+            "choice_ids": np.zeros((0, 0), dtype=np.int64) if move.choice_ids is None else move.choice_ids,
             # The state the action was taken in (not the one it led to): GiGPO groups by it.
             "observation": episode.observation,
             "error": episode.info.get("error"),
@@ -622,7 +660,12 @@ def collect_rollouts(
             greedy_slots = np.flatnonzero(np.arange(len(round_seeds)) % config.group_size < config.greedy_members)
             round_actor = GreedyMembersActor(round_actor, greedy_actor, greedy_slots.tolist())
         if config.explore_rate:  # its own numbers, from the round's seeds: the seed stream stays the same
-            round_actor = ExploringActor(round_actor, config.explore_rate, np.random.default_rng(seeds))
+            round_actor = ExploringActor(
+                round_actor,
+                config.explore_rate,
+                np.random.default_rng(seeds),
+                constrained=config.choice_logprobs == "choice",
+            )
         with env_pool(envs, len(round_seeds)) as pool:
             episodes = play_episodes(
                 pool,

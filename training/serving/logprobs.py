@@ -2,9 +2,10 @@
 
 ``response_logits`` forwards each token once however many rows share it (the prefix all prompts of a
 batch share, then each distinct prompt) and repeats the KV caches over the rows;
-``sequence_logprobs`` turns the logits into per-token logprobs, ``score_continuations`` scores many
-rows in batches (the engines' ``score``) and ``recompute_logprobs`` scores a rollout batch with the
-learner's weights.
+``sequence_logprobs`` turns the logits into per-token logprobs (``offered_logprobs``: of a choice
+among listed actions, where the rollout recorded the tokens each position offered),
+``score_continuations`` scores many rows in batches (the engines' ``score``) and
+``recompute_logprobs`` scores a rollout batch with the learner's weights.
 """
 
 from __future__ import annotations
@@ -69,19 +70,47 @@ def response_logits(
     return logits, targets, mask
 
 
+def padded_choices(choice_ids: Sequence[np.ndarray] | None, width: int, device: torch.device) -> torch.Tensor | None:
+    """The rows' offered token ids (``StepBatch.choice_ids``) as one ``(B, width, K)`` tensor padded
+    with -1 (a row written freely offers none); None when no row offers any."""
+    if choice_ids is None or not any(ids.size for ids in choice_ids):
+        return None
+    most = max(ids.shape[1] for ids in choice_ids if ids.size)
+    out = torch.full((len(choice_ids), width, most), -1, dtype=torch.long)
+    for i, ids in enumerate(choice_ids):
+        out[i, : ids.shape[0], : ids.shape[1]] = torch.as_tensor(ids, dtype=torch.long)
+    return out.to(device)
+
+
+def offered_logprobs(token_logp: torch.Tensor, targets: torch.Tensor, offered: torch.Tensor | None) -> torch.Tensor:
+    """Each target token's logprob from the full-vocabulary ``token_logp`` ``(B, T, V)``; where
+    ``offered`` ``(B, T, K)`` lists the tokens a choice among listed actions allowed (-1 pads), less
+    the log of their summed probability: the logprob under decoding constrained to the list. A
+    position that offered only its own token gets exactly 0, and no gradient."""
+    logp = token_logp.gather(2, targets[..., None])[..., 0]
+    if offered is None:
+        return logp
+    allowed = offered >= 0
+    branches = token_logp.gather(2, offered.clamp(min=0)).masked_fill(~allowed, float("-inf"))
+    return logp - torch.where(allowed.any(dim=2), torch.logsumexp(branches, dim=2), 0.0)
+
+
 def sequence_logprobs(
     model: torch.nn.Module,
     prompt_ids_list: Sequence[Sequence[int]],
     response_ids_list: Sequence[Sequence[int]],
     temperature: float = 1.0,
     precision: str = "fp32",
+    choice_ids: Sequence[np.ndarray] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logprob of each response token given its prompt at ``temperature``: ``(logp, mask)``, both
-    ``(B, T)``, in float32; padded positions hold 0. Gradients flow when grad mode is on."""
+    """Logprob of each response token given its prompt at ``temperature`` (of the choice, where
+    ``choice_ids`` says what a row's positions offered: :func:`offered_logprobs`): ``(logp, mask)``,
+    both ``(B, T)``, in float32; padded positions hold 0. Gradients flow when grad mode is on."""
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     logits, targets, mask = response_logits(model, prompt_ids_list, response_ids_list, precision)
-    logp = F.log_softmax(logits.float() / temperature, dim=-1).gather(2, targets[..., None])[..., 0]
+    offered = padded_choices(choice_ids, targets.shape[1], targets.device)
+    logp = offered_logprobs(F.log_softmax(logits.float() / temperature, dim=-1), targets, offered)
     return logp * mask, mask
 
 
@@ -93,6 +122,7 @@ def score_continuations(
     temperature: float,
     precision: str = "fp32",
     batch_size: int = 64,
+    choice_ids: Sequence[np.ndarray] | None = None,
 ) -> list[np.ndarray]:
     """The logprob of each token of each continuation given its prompt at ``temperature`` (float32,
     one array per row), ``batch_size`` rows per forward pass (:func:`sequence_logprobs`)."""
@@ -104,6 +134,7 @@ def score_continuations(
             continuation_ids_list[start : start + batch_size],
             temperature,
             precision,
+            None if choice_ids is None else choice_ids[start : start + batch_size],
         )
         scored += [values[valid] for values, valid in zip(logp.cpu().numpy(), mask.cpu().numpy().astype(bool))]
     return scored
@@ -138,6 +169,7 @@ def recompute_logprobs(
         temperature,
         precision,
         micro_batch_size,
+        None if batch.choice_ids is None else [batch.choice_ids[i] for i in index],
     )
     for row, values in zip(index, scored):
         old_logprobs[row] = values.astype(np.float32)
