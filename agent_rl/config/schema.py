@@ -157,7 +157,7 @@ class RolloutConfig:
     action; the most probable action when greedy): no turn is invalid, and an item name the policy
     never learned to copy costs nothing once its ``take`` is chosen (GLAM, Carta et al., 2023,
     normalizes whole-action probabilities instead, which favours the shortest actions). The chosen
-    reply's tokens are learned as if generated. ``top_p`` and ``max_new_tokens`` do not apply to such
+    reply is learned as ``choice_logprobs`` says. ``top_p`` and ``max_new_tokens`` do not apply to such
     turns; turns without a list are generated. Each turn scores every listed action with the policy
     module in this process (the prompt forwarded once), whichever engine generates."""
     choice_logprobs: Literal["reply", "choice"] = "reply"
