@@ -20,7 +20,6 @@ from agent_rl.training.loop.rollout import (
     choose_in_segments,
     collect_rollouts,
     constrained_choices,
-    constrained_logprobs,
     ended_in_loop,
     next_replay_share,
     overlong_shaping,
@@ -494,6 +493,11 @@ def test_constrained_choices_give_each_tokens_share_and_the_tokens_offered_by_ha
     assert offered[2].tolist() == [[1, 4], [9, -1]]
     assert offered[3].tolist() == [[5], [9]]
     assert constrained_choices([], [], []) == ([], [])
+
+
+def constrained_logprobs(replies, logps, counts) -> np.ndarray:
+    """Each reply's logprob under decoding constrained to its run."""
+    return np.array([values.sum() for values in constrained_choices(replies, logps, counts)[0]])
 
 
 @st.composite

@@ -36,8 +36,10 @@ Decisions worth knowing:
   ``d`` the oracle's distance to a win (:func:`oracle_distances`); the added amount is kept in
   ``batch.extras["progress_reward"]``.
 - ``action_mode=admissible``: on turns whose environment lists admissible actions the policy
-  chooses one of them (:class:`ChoosingActor`, :func:`constrained_logprobs`) instead of writing a
-  reply; its draws come from the round's seeds, so the seed stream is the generating mode's.
+  chooses one of them (:class:`ChoosingActor`, :func:`constrained_choices`) instead of writing a
+  reply; its draws come from the round's seeds, so the seed stream is the generating mode's. With
+  ``choice_logprobs=choice`` such a row's old logprobs are the choice's, and ``batch.choice_ids``
+  holds the tokens it offered at each position.
 - Statistics describe every trajectory played in the call, dropped groups included (they measure the
   policy, not the batch).
 """
@@ -254,20 +256,11 @@ def constrained_choices(
     return [v[:n] for v, n in zip(chosen, lengths)], [o[:n, :k] for o, n, k in zip(options, lengths, widths)]
 
 
-def constrained_logprobs(
-    replies: Sequence[Sequence[int]], token_logprobs: Sequence[np.ndarray], counts: Sequence[int]
-) -> np.ndarray:
-    """Each reply's logprob when decoding may only continue one of the replies of its run
-    (:func:`constrained_choices`); each run's values exponentiate to probabilities that sum to 1."""
-    chosen, _ = constrained_choices(replies, token_logprobs, counts)
-    return np.array([values.sum() for values in chosen])
-
-
 class ChoosingActor:
     """``rollout.action_mode=admissible``: on each turn of an episode whose environment lists
     admissible actions, the policy plays one of them, drawn as decoding constrained to the list
     would draw it: each token from the policy's distribution at the sampling temperature
-    renormalized over the tokens that continue a listed action (:func:`constrained_logprobs` of the
+    renormalized over the tokens that continue a listed action (:func:`constrained_choices` of the
     replies' token logprobs from ``engine.score``); greedy plays the most probable action, scored at
     temperature 1 as greedy generation reports. The move carries the chosen reply's tokens and their
     logprobs: unconstrained, or with ``constrained`` those of the choice and the tokens offered at
