@@ -111,6 +111,8 @@ class StepBatch:
                     f"StepBatch row {i}: choice_ids of shape {offered.shape} for {len(resp)} response tokens "
                     f"(expected ({len(resp)}, K), or (0, 0) for a reply written freely)"
                 )
+            if offered.size and not (offered == resp[:, None]).any(axis=1).all():
+                raise ValueError(f"StepBatch row {i}: a response token is not among the choice_ids of its position")
         if n:
             # A stable sort by trajectory keeps row order inside each trajectory; t must then increase.
             order = np.argsort(self.traj_id, kind="stable")

@@ -108,7 +108,8 @@ def test_from_rows_reads_every_schema_column_from_per_turn_records():
 
 def test_choice_ids_travel_with_their_rows_and_must_fit_their_responses():
     batch = _batch([3, 3, 4], [0, 1, 0])
-    offered = [np.array([[5, 6, -1]]), np.zeros((0, 0)), np.array([[7, 8, 9]] * 3)]  # responses of 1, 2, 3 tokens
+    # Responses [0], [0, 1] and [0, 1, 2]: each token among its position's offered ids.
+    offered = [np.array([[0, 6, -1]]), np.zeros((0, 0)), np.array([[7, 0], [1, 8], [2, -1]])]
     chosen = StepBatch(**{f: getattr(batch, f) for f in batch.__dataclass_fields__} | {"choice_ids": offered})
     assert all(ids.dtype == np.int64 for ids in chosen.choice_ids)
     picked = chosen.select([2, 0])
@@ -121,4 +122,9 @@ def test_choice_ids_travel_with_their_rows_and_must_fit_their_responses():
         StepBatch(
             **{f: getattr(batch, f) for f in batch.__dataclass_fields__}
             | {"choice_ids": [offered[0], np.ones((3, 1)), offered[2]]}
+        )
+    with pytest.raises(ValueError, match="row 0: a response token is not among the choice_ids of its position"):
+        StepBatch(
+            **{f: getattr(batch, f) for f in batch.__dataclass_fields__}
+            | {"choice_ids": [np.array([[5, 6]]), offered[1], offered[2]]}
         )
