@@ -74,24 +74,28 @@ def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_two_learners_train_like_one_and_resume(tmp_path):
+@pytest.mark.parametrize(
+    "mode",
+    # With the tiny clone every chosen episode wins; a KL term gives the rows of flat groups a gradient.
+    [(), ("rollout.action_mode=admissible", "rollout.choice_logprobs=choice", "algo.kl_coef=0.01")],
+    ids=["generate", "choice"],
+)
+def test_two_learners_train_like_one_and_resume(tmp_path, mode):
     """Rank 0 collects the same rollouts as a single process; the summed gradients are the same, so
     after 2 iterations the weights agree; a 2-process run started and continued with --resume auto
-    ends the same."""
+    ends the same. Learning choices among listed actions, the offered ids reach every rank."""
     from test_trainer import tiny_overrides
 
     from agent_rl.training.infra.logger import read_metrics
 
     # Both evaluate after every iteration: an evaluation draws engine calls, which seed later sampling.
     single, double = tmp_path / "single", tmp_path / "double"
-    assert _train_cli(tiny_overrides(single, "algo=gigpo", "trainer.eval_every=1"), nproc=1).returncode == 0
+    settings = ("algo=gigpo", "trainer.eval_every=1", *mode)
+    assert _train_cli(tiny_overrides(single, *settings), nproc=1).returncode == 0
     # A requeued job: the same command with --resume auto starts the run, then continues it.
-    first = _train_cli(
-        ["--resume", "auto", *tiny_overrides(double, "algo=gigpo", "trainer.eval_every=1", "trainer.iterations=1")],
-        nproc=2,
-    )
+    first = _train_cli(["--resume", "auto", *tiny_overrides(double, *settings, "trainer.iterations=1")], nproc=2)
     assert first.returncode == 0, first.stderr[-3000:]
-    resumed = _train_cli(["--resume", "auto", *tiny_overrides(double, "algo=gigpo", "trainer.eval_every=1")], nproc=2)
+    resumed = _train_cli(["--resume", "auto", *tiny_overrides(double, *settings)], nproc=2)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert all(record["update/active_rows"] > 0 for record in read_metrics(single)[1:])  # both iterations learned
     expected, got = _weights(single), _weights(double)

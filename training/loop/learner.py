@@ -242,7 +242,7 @@ class Learner:
         metrics: dict[str, float] = {}
         if batch is not None:
             prompts, responses, old_logprobs = batch.prompt_ids, batch.response_ids, batch.old_logprobs
-            choice_ids = batch.choice_ids or [np.zeros((0, 0), dtype=np.int64)] * len(batch)
+            choice_ids = batch.choice_ids or []
             rows_advantages, rows_trajectories = [advantages], [np.asarray(batch.traj_id, dtype=np.int64)]
             rescore = cfg.trainer.recompute_old_logprobs | unsampled_rows(batch)
             if np.any(rescore):
@@ -259,15 +259,17 @@ class Learner:
             return metrics
         responses = broadcast_ragged(responses, torch.int64, self.dist)
         old_logprobs = broadcast_ragged(old_logprobs, torch.float32, self.dist)
-        # Each row's (tokens, K) offered ids go flat, after their shape.
-        shapes = broadcast_ragged([np.array(ids.shape) for ids in choice_ids], torch.int64, self.dist)
-        flat = broadcast_ragged([ids.reshape(-1) for ids in choice_ids], torch.int64, self.dist)
-        choice_ids = [ids.reshape(shape) for ids, shape in zip(flat, shapes)]
+        offered: list[np.ndarray] | None = None  # rows learned as choices, if any row was chosen so
+        if broadcast_flag(any(ids.size for ids in choice_ids), self.dist):
+            # Each row's (tokens, K) offered ids go flat, after their shape.
+            shapes = broadcast_ragged([np.array(ids.shape) for ids in choice_ids], torch.int64, self.dist)
+            flat = broadcast_ragged([ids.reshape(-1) for ids in choice_ids], torch.int64, self.dist)
+            offered = [ids.reshape(shape) for ids, shape in zip(flat, shapes)]
         (advantages,) = broadcast_ragged(rows_advantages, torch.float64, self.dist)
         (trajectories,) = broadcast_ragged(rows_trajectories, torch.int64, self.dist)
         return {
             **metrics,
-            **self.optimize(prompts, responses, old_logprobs, advantages, progress, trajectories, choice_ids),
+            **self.optimize(prompts, responses, old_logprobs, advantages, progress, trajectories, offered),
         }
 
     def optimize(

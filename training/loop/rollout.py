@@ -256,6 +256,15 @@ def constrained_choices(
     return [v[:n] for v, n in zip(chosen, lengths)], [o[:n, :k] for o, n, k in zip(options, lengths, widths)]
 
 
+def listed_replies(
+    prompt_format: PromptFormat, tokenizer, admissible: Sequence[str]
+) -> tuple[list[str], list[list[int]]]:
+    """The distinct listed actions (an action listed twice is one), in the list's order, and the
+    reply that writes each."""
+    listed = list(dict.fromkeys(admissible))
+    return listed, [prompt_format.response_ids(tokenizer, action) for action in listed]
+
+
 class ChoosingActor:
     """``rollout.action_mode=admissible``: on each turn of an episode whose environment lists
     admissible actions, the policy plays one of them, drawn as decoding constrained to the list
@@ -282,10 +291,10 @@ class ChoosingActor:
     def _choose(self, episodes: list[Episode]) -> list[Move]:
         sampling = self.policy.sampling
         prompts = [turn_prompt_ids(self.format, self.tokenizer, e) for e in episodes]
-        listed = [list(dict.fromkeys(e.admissible_actions)) for e in episodes]  # an action listed twice is one
-        counts = [len(actions) for actions in listed]
-        actions = [a for each in listed for a in each]
-        replies = [self.format.response_ids(self.tokenizer, a) for a in actions]
+        listed = [listed_replies(self.format, self.tokenizer, e.admissible_actions) for e in episodes]
+        counts = [len(actions) for actions, _ in listed]
+        actions = [a for each, _ in listed for a in each]
+        replies = [r for _, each in listed for r in each]
         start = time.perf_counter()
         scored = self.policy.engine.score(
             [p for p, k in zip(prompts, counts) for _ in range(k)],
@@ -368,8 +377,7 @@ class ExploringActor:
         prompt = turn_prompt_ids(prompt_format, tokenizer, episode)
         choice_ids = None
         if self.constrained:
-            listed = list(dict.fromkeys(admissible))
-            replies = [prompt_format.response_ids(tokenizer, a) for a in listed]
+            listed, replies = listed_replies(prompt_format, tokenizer, admissible)
             _, offered = constrained_choices(replies, [np.zeros(len(r)) for r in replies], [len(replies)])
             choice_ids = offered[listed.index(action)]
         return Move(action, prompt, response, [0.0] * len(response), explored=True, choice_ids=choice_ids)
