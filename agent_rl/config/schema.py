@@ -167,7 +167,8 @@ class RolloutConfig:
     tokens that continue a listed action at its position, so the importance ratio and the gradient
     are those of the policy that played: a token no other listed action branches off at (the EOS
     after ``up``, the ``go`` of ``go north`` when every action is a move) has logprob 0 and no
-    gradient, and pushing a chosen action down moves its probability to the other listed ones."""
+    gradient, and pushing a chosen action down moves its probability to the other listed ones; the
+    update's ``entropy`` is then that of the choice at each token (0 at a forced one)."""
     explore_rate: float = 0.0
     """Probability that a training turn plays a uniformly random admissible action in place of the
     policy's reply (turns whose environment lists no ``admissible_actions`` always play the policy's).

@@ -5,6 +5,7 @@ recomputation and the frozen KL reference."""
 from __future__ import annotations
 
 import copy
+import math
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from agent_rl.training.infra.resolution import resolve
 from agent_rl.training.loop.learner import Learner, accumulate_policy_gradient, minibatch_count, step_scale, warmup_lr
 from agent_rl.training.loop.micro_batches import merge_repeated_rows, plan_micro_batches
 from agent_rl.training.serving.logprobs import (
+    offered_entropy,
     offered_logprobs,
     recompute_logprobs,
     response_logits,
@@ -226,6 +228,17 @@ def test_offered_logprobs_renormalize_over_the_offered_tokens_by_hand():
     torch.testing.assert_close(offered_logprobs(token_logp, targets, None), torch.log(torch.tensor([[0.3, 0.25, 0.7]])))
 
 
+def test_offered_entropy_is_the_choices_by_hand():
+    probs = torch.tensor([[[0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25], [0.7, 0.1, 0.1, 0.1]]])
+    full = -(probs * probs.log()).sum(-1)
+    offered = torch.tensor([[[2, 0], [3, -1], [-1, -1]]])  # a choice of 0.3 : 0.1, a forced token, free text
+    got = offered_entropy(probs.log(), offered)
+    choice = -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))
+    torch.testing.assert_close(got, torch.tensor([[choice, 0.0, full[0, 2].item()]]))
+    assert got[0, 1].item() == 0.0
+    torch.testing.assert_close(offered_entropy(probs.log(), None), full)
+
+
 def test_a_token_the_choice_forced_carries_no_gradient(policy):
     model, _ = policy
     offered = [np.array([[7, 9], [8, -1]])]  # the first token is a choice, the second is forced
@@ -263,6 +276,10 @@ def test_pushing_a_choice_down_moves_its_chance_to_the_other_listed_action(polic
     after = chances(copy_)
     assert metrics["update/ratio_min"] == pytest.approx(1.0, abs=1e-5)
     assert after[0] < before[0] - 1e-3 and after.sum() == pytest.approx(1.0, abs=1e-6)
+    # The entropy logged is the choice's: of the two listed actions at the first token, 0 at the forced second.
+    chosen = before[0]
+    choice_entropy = -(chosen * np.log(chosen) + (1 - chosen) * np.log(1 - chosen))
+    assert metrics["update/entropy"] == pytest.approx(choice_entropy / 2, rel=1e-4)
 
 
 @pytest.mark.parametrize("loss", ["grpo", "gspo_token", "cispo", "drgrpo"])

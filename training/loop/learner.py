@@ -31,6 +31,7 @@ from agent_rl.training.loop.micro_batches import (
 )
 from agent_rl.training.models.policy import is_lora
 from agent_rl.training.serving.logprobs import (
+    offered_entropy,
     offered_logprobs,
     padded_choices,
     recompute_logprobs,
@@ -129,9 +130,10 @@ def accumulate_policy_gradient(
         )
         logits, targets, mask = response_logits(model, batch_prompts, batch_responses, precision)
         token_logp = F.log_softmax(logits.float() / temperature, dim=-1)
-        logp = offered_logprobs(token_logp, targets, padded_choices(batch_choices, targets.shape[1], device)) * mask
+        offered = padded_choices(batch_choices, targets.shape[1], device)
+        logp = offered_logprobs(token_logp, targets, offered) * mask
         with torch.no_grad():
-            entropy = -(token_logp.exp() * token_logp).sum(-1)
+            entropy = offered_entropy(token_logp, offered)
             ref_logp = (
                 sequence_logprobs(reference, batch_prompts, batch_responses, temperature, precision, batch_choices)[0]
                 if kl_on

@@ -82,6 +82,13 @@ def padded_choices(choice_ids: Sequence[np.ndarray] | None, width: int, device: 
     return out.to(device)
 
 
+def offered_branches(token_logp: torch.Tensor, offered: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which of ``offered``'s ``(B, T, K)`` slots hold a token (-1 pads) and each offered token's
+    logprob from ``token_logp`` ``(B, T, V)``, -inf in the padding."""
+    allowed = offered >= 0
+    return allowed, token_logp.gather(2, offered.clamp(min=0)).masked_fill(~allowed, float("-inf"))
+
+
 def offered_logprobs(token_logp: torch.Tensor, targets: torch.Tensor, offered: torch.Tensor | None) -> torch.Tensor:
     """Each target token's logprob from the full-vocabulary ``token_logp`` ``(B, T, V)``; where
     ``offered`` ``(B, T, K)`` lists the tokens a choice among listed actions allowed (-1 pads), less
@@ -90,9 +97,21 @@ def offered_logprobs(token_logp: torch.Tensor, targets: torch.Tensor, offered: t
     logp = token_logp.gather(2, targets[..., None])[..., 0]
     if offered is None:
         return logp
-    allowed = offered >= 0
-    branches = token_logp.gather(2, offered.clamp(min=0)).masked_fill(~allowed, float("-inf"))
+    allowed, branches = offered_branches(token_logp, offered)
     return logp - torch.where(allowed.any(dim=2), torch.logsumexp(branches, dim=2), 0.0)
+
+
+def offered_entropy(token_logp: torch.Tensor, offered: torch.Tensor | None) -> torch.Tensor:
+    """Each position's entropy ``(B, T)`` of the distribution the token was drawn from: the full
+    vocabulary's ``token_logp`` ``(B, T, V)``, or where ``offered`` ``(B, T, K)`` lists a choice's
+    tokens (-1 pads), those tokens' renormalized over them (0 where only one was offered)."""
+    entropy = -(token_logp.exp() * token_logp).sum(-1)
+    if offered is None:
+        return entropy
+    allowed, branches = offered_branches(token_logp, offered)
+    choice_logp = branches - torch.logsumexp(branches, dim=2, keepdim=True)
+    choice_entropy = -torch.where(allowed, choice_logp.exp() * choice_logp, 0.0).sum(-1)
+    return torch.where(allowed.any(dim=2), choice_entropy, entropy)
 
 
 def sequence_logprobs(
