@@ -160,15 +160,18 @@ class RolloutConfig:
     reply is learned as ``choice_logprobs`` says. ``top_p`` and ``max_new_tokens`` do not apply to such
     turns; turns without a list are generated. Each turn scores every listed action with the policy
     module in this process (the prompt forwarded once), whichever engine generates."""
-    choice_logprobs: Literal["reply", "choice"] = "reply"
-    """With ``action_mode=admissible``, the logprobs a chosen action is learned with, in the rollout
-    and in the learner alike. ``reply`` (default): those of its reply written freely, as if
-    generated. ``choice``: those of the choice the rollout drew, each token's renormalized over the
-    tokens that continue a listed action at its position, so the importance ratio and the gradient
-    are those of the policy that played: a token no other listed action branches off at (the EOS
-    after ``up``, the ``go`` of ``go north`` when every action is a move) has logprob 0 and no
+    choice_logprobs: Literal["reply", "choice"] = "choice"
+    """The logprobs an action chosen among the listed ones (``action_mode=admissible``) is learned
+    with, in the rollout and in the learner alike; a generated reply is learned as written whatever
+    this says. ``choice`` (default): those of the choice the rollout drew, each token's renormalized
+    over the tokens that continue a listed action at its position, so the importance ratio and the
+    gradient are those of the policy that played: a token no other listed action branches off at (the
+    EOS after ``up``, the ``go`` of ``go north`` when every action is a move) has logprob 0 and no
     gradient, and pushing a chosen action down moves its probability to the other listed ones; the
-    update's ``entropy`` is then that of the choice at each token (0 at a forced one)."""
+    update's ``entropy`` is then that of the choice at each token (0 at a forced one). ``reply``:
+    those of its reply written freely, as if generated. In declared tests on fresh seeds, ``choice``
+    ended the small Maze's listed-target clone +13.6 greedy points [+3.5, +23.7] above ``reply``
+    (higher on 5 of 5 seeds) and Sokoban's recipe +7.2 [-3.0, +17.3] (4 of 5)."""
     explore_rate: float = 0.0
     """Probability that a training turn plays a uniformly random admissible action in place of the
     policy's reply (turns whose environment lists no ``admissible_actions`` always play the policy's).

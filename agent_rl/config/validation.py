@@ -47,12 +47,6 @@ def check_rollout(rollout: RolloutConfig) -> None:
     _require(0 < rollout.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {rollout.top_p}")
     _require(0 <= rollout.explore_rate < 1, "rollout.explore_rate", f"must be in [0, 1), got {rollout.explore_rate}")
     _require(
-        rollout.choice_logprobs == "reply" or rollout.action_mode == "admissible",
-        "rollout.choice_logprobs",
-        f"{rollout.choice_logprobs!r} learns choices among listed actions, which only rollout.action_mode=admissible "
-        f"makes (got {rollout.action_mode!r})",
-    )
-    _require(
         0 <= rollout.greedy_members < rollout.group_size,
         "rollout.greedy_members",
         f"must be in [0, rollout.group_size) (a group needs a sampled member), got {rollout.greedy_members} "

@@ -374,6 +374,9 @@ def test_exploration_plays_random_admissible_actions_written_as_the_policy_write
         ]
         assert not batch.old_logprobs[i].any()  # placeholders: the learner scores them
     assert all(np.all(batch.old_logprobs[i] == -0.5) for i in np.flatnonzero(~explored))
+    # Generated, so no row is a choice among the listed actions, whatever choice_logprobs says.
+    assert config.choice_logprobs == "choice"
+    assert batch.choice_ids is None or not any(ids.size for ids in batch.choice_ids)
     # Both words are explored: mode-same prompts, where the policy only ever says heads, also say tails.
     same = np.array(["mode same" in o for o in batch.observation]) | (batch.t > 0)
     assert "tails" in {batch.action[i] for i in np.flatnonzero(explored & same)}
@@ -538,7 +541,9 @@ def test_constrained_chances_of_each_run_sum_to_one(case):
 def test_admissible_mode_plays_listed_actions_with_the_policys_own_logprobs(policy):
     model, tokenizer = policy
     env = RegisteredEnv("test_rollout/Coin-v0", {"steps": 3})
-    config = one_round(n_groups=2, group_size=4, max_turns=3, action_mode="admissible", temperature=0.7)
+    config = one_round(
+        n_groups=2, group_size=4, max_turns=3, action_mode="admissible", temperature=0.7, choice_logprobs="reply"
+    )
     batch, stats = collect_rollouts(env, HFEngine(model, tokenizer), tokenizer, config, np.random.default_rng(5))
     check_batch_invariants(batch, config)
     replay_matches(batch, "test_rollout/Coin-v0", {"steps": 3})
@@ -549,7 +554,7 @@ def test_admissible_mode_plays_listed_actions_with_the_policys_own_logprobs(poli
         assert batch.response_ids[i].tolist() == tokenizer(batch.action[i], add_special_tokens=False)["input_ids"] + [
             eos
         ]
-    # Their logprobs are the learner's at the sampling temperature: the ratio starts at 1.
+    # Learned as replies: their logprobs are the learner's of the free reply, so the ratio starts at 1.
     logp, mask = sequence_logprobs(model, batch.prompt_ids, batch.response_ids, 0.7)
     for i in range(len(batch)):
         np.testing.assert_allclose(batch.old_logprobs[i], logp[i][mask[i].bool()].detach().numpy(), atol=1e-5)
@@ -599,11 +604,6 @@ def test_choice_logprobs_learn_the_choice_the_rollout_drew(policy, explore_rate)
         np.testing.assert_allclose(batch.old_logprobs[i], logp[i][mask[i].bool()].numpy(), atol=1e-5)
     assert (logp[:, 1:] == 0).all() and (logp[:, 0] < 0).all()
     assert np.exp(both[:, 0].numpy()).sum() == pytest.approx(1.0, abs=1e-6)
-
-
-def test_choice_logprobs_need_the_admissible_mode():
-    with pytest.raises(ConfigError, match=r"rollout\.choice_logprobs.*rollout\.action_mode=admissible"):
-        check_rollout(RolloutConfig(choice_logprobs="choice"))
 
 
 def test_admissible_mode_greedy_plays_the_action_the_policy_most_likely_writes(policy):
@@ -825,7 +825,7 @@ def test_evaluate_reports_success_and_uses_greedy_decoding(policy):
 
 
 def test_rollout_config_is_validated(policy):
-    from agent_rl.config import ConfigError, check_rollout, load_config
+    from agent_rl.config import load_config
 
     for bad, key in (
         ({"n_groups": 0}, "rollout.n_groups"),

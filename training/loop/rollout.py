@@ -38,8 +38,8 @@ Decisions worth knowing:
 - ``action_mode=admissible``: on turns whose environment lists admissible actions the policy
   chooses one of them (:class:`ChoosingActor`, :func:`constrained_choices`) instead of writing a
   reply; its draws come from the round's seeds, so the seed stream is the generating mode's. With
-  ``choice_logprobs=choice`` such a row's old logprobs are the choice's, and ``batch.choice_ids``
-  holds the tokens it offered at each position.
+  ``choice_logprobs=choice`` (the default) such a row's old logprobs are the choice's, and
+  ``batch.choice_ids`` holds the tokens it offered at each position (:func:`learns_choices`).
 - Statistics describe every trajectory played in the call, dropped groups included (they measure the
   policy, not the batch).
 """
@@ -317,6 +317,13 @@ CHOICE_STREAM = 0x43484F
 """Mixed into the seeds of ``ChoosingActor``'s generator, so that its draws are not the explorer's."""
 
 
+def learns_choices(config: RolloutConfig) -> bool:
+    """Whether rows are learned as choices among the listed actions (``choice_logprobs=choice``):
+    only ``action_mode=admissible`` chooses; a generated reply, or one explored in its place, was
+    written freely and is learned as such."""
+    return config.action_mode == "admissible" and config.choice_logprobs == "choice"
+
+
 def policy_actor(
     engine: Engine,
     tokenizer,
@@ -331,7 +338,7 @@ def policy_actor(
     policy = PolicyActor(engine, tokenizer, PromptFormat.from_rollout(config), sampling_params(config, greedy), stats)
     if config.action_mode == "admissible":
         rng = np.random.default_rng([CHOICE_STREAM, *(int(s) for s in seeds)])
-        return ChoosingActor(policy, rng, constrained=config.choice_logprobs == "choice")
+        return ChoosingActor(policy, rng, constrained=learns_choices(config))
     return policy
 
 
@@ -665,7 +672,7 @@ def collect_rollouts(
                 round_actor,
                 config.explore_rate,
                 np.random.default_rng(seeds),
-                constrained=config.choice_logprobs == "choice",
+                constrained=learns_choices(config),
             )
         with env_pool(envs, len(round_seeds)) as pool:
             episodes = play_episodes(
