@@ -381,6 +381,15 @@ class Run:
         model_dir = find_checkpoint(self.warm_start, "sft").model_dir
         return (f"policy={model_dir}", "policy.tokenizer_envs=[]", "sft.mode=none")
 
+    def own_overrides(self) -> tuple[str, ...]:
+        """The case's overrides and the lift's settings; from a shared warm start, less their ``sft.*``
+        keys: they describe a warm start this run does not train (``sft.targets=listed`` would fail
+        with ``sft.mode=none``)."""
+        own = (*self.case.overrides, *self.settings)
+        if self.warm_start is None:
+            return own
+        return tuple(o for o in own if o.split("=", 1)[0].split(".", 1)[0] != "sft")
+
     @property
     def iterations(self) -> int:
         return self.case.iterations
@@ -396,8 +405,7 @@ class Run:
                 *COMMON,
                 self.case.threads_override,
                 f"engine={self.engine}",
-                *self.case.overrides,
-                *self.settings,
+                *self.own_overrides(),
                 *self.warm_start_overrides(),
                 f"trainer.iterations={self.case.iterations}",
                 f"trainer.eval_every={self.case.eval_every}",

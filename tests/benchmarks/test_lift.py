@@ -570,9 +570,15 @@ def test_every_case_runs_from_another_lifts_warm_start(tmp_path, monkeypatch):
 
     model_dir = tmp_path / "defaults" / "model"
     monkeypatch.setattr(checkpoint, "find_checkpoint", lambda run_dir, name: SimpleNamespace(model_dir=model_dir))
-    runs = lift.plan(lift.CASES, 1, tmp_path / "candidate", warm_starts_from=tmp_path / "defaults")
+    # The warm start's own settings (sft.*) are left out: sft.targets=listed fails with sft.mode=none.
+    settings = ("sft.targets=listed", "sft.steps=300", "rollout.action_mode=admissible")
+    runs = lift.plan(lift.CASES, 1, tmp_path / "candidate", settings, warm_starts_from=tmp_path / "defaults")
     assert any("policy.tokenizer_envs" in override for run in runs for override in run.case.overrides)
     for run in runs:
-        config = run.case.config(run.warm_start_overrides())
+        config = run.case.config((*run.own_overrides(), *run.warm_start_overrides()))
         assert config.policy.name_or_path == str(model_dir) and config.policy.tokenizer_envs == []
-        assert config.sft.mode == "none"
+        assert config.sft.mode == "none" and config.rollout.action_mode == "admissible"
+        assert not any(o.startswith("sft.") for o in run.own_overrides())
+        assert "rollout.action_mode=admissible" in run.command()
+    (own,) = lift.plan(lift.CASES[:1], 1, tmp_path / "own", settings)
+    assert own.own_overrides() == (*own.case.overrides, *settings)  # a run that trains its warm start keeps them
