@@ -14,6 +14,7 @@ success minus its iteration-0 success (the same run, the same held-out episodes)
     agent-rl bench lift --cases bandit --set optim.lr=1e-4 algo.negative_weight=1 --out DIR   # other settings
     agent-rl bench lift --cases maze-hold --set optim.target_kl=0.1 --out DIR --warm-starts-from OTHER  # RL only
     agent-rl bench lift --cases maze-clone --out DIR --arm OTHER optim.lr=5e-5   # two arms, one worker pool
+    agent-rl bench lift --cases maze-random --iterations 20 --out DIR   # shorter runs (the same with --report)
 
 Runs go ``--workers`` at a time, one torch thread each; finished runs are skipped on a rerun and a
 run killed midway resumes from its last checkpoint. Stopping the benchmark (Ctrl-C, SIGTERM) stops its
@@ -33,7 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -818,6 +819,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--first-seed", type=int, default=0, help="the first trainer.seed of every case (default 0); seeds are paired"
     )
+    parser.add_argument(
+        "--iterations",
+        type=int,
+        help="RL iterations of every case's runs in place of the case's own (evaluated every eval_every as before, "
+        "and after the last); give the same with --report and to every lift that continues this --out",
+    )
     parser.add_argument("--workers", type=int, default=2, help="runs at a time (default 2)")
     parser.add_argument("--engine", default="auto", choices=("auto", "hf", "vllm"), help="engine of every run")
     parser.add_argument("--out", type=Path, default=OUT_DIR, help=f"results directory (default {OUT_DIR})")
@@ -858,6 +865,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     every_case = cases = QUICK_CASES if args.quick else CASES
+    if args.iterations is not None:
+        if args.iterations < 1:
+            parser.error("--iterations must be at least 1")
+        every_case = cases = tuple(replace(case, iterations=args.iterations) for case in every_case)
     if args.cases:
         known = {c.name: c for c in cases}
         unknown = [n for n in args.cases.split(",") if n not in known]

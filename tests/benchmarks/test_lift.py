@@ -399,6 +399,20 @@ def test_arms_train_in_one_pool_each_run_after_its_warm_start(tmp_path, monkeypa
     assert pooled["ready"] == [True, False, True, False] and pooled["waiting"] == [False, True, False, True]
 
 
+def test_iterations_replace_every_cases_own_in_both_arms(tmp_path, monkeypatch, capsys):
+    pooled = []
+    monkeypatch.setattr(lift, "run_jobs", lambda jobs, **_: pooled.extend(jobs))
+    argv = ["--quick", "--out", str(tmp_path / "a"), "--arm", str(tmp_path / "b"), "optim.lr=1e-4", "--iterations", "3"]
+    assert lift.main(argv) == 1  # nothing trained here: no finished runs to report
+    assert len(pooled) == 8 and all(job.iterations == 3 for job in pooled)
+    own = [job for job in pooled if job.warm_starts_from is None]  # the arm's need a trained warm start
+    assert len(own) == 4 and all(job.command().count("trainer.iterations=3") == 1 for job in own)
+    assert {job.case.eval_every for job in pooled} == {case.eval_every for case in lift.QUICK_CASES}
+    with pytest.raises(SystemExit):
+        lift.main(["--quick", "--out", str(tmp_path / "a"), "--iterations", "0"])
+    assert "--iterations must be at least 1" in capsys.readouterr().err
+
+
 def test_bad_arms_fail_before_any_run(tmp_path, capsys):
     out = ["--quick", "--out", str(tmp_path / "defaults")]
     for arm, named in (
