@@ -389,7 +389,9 @@ class Run:
         own = (*self.case.overrides, *self.settings)
         if self.warm_start is None:
             return own
-        return tuple(o for o in own if o.split("=", 1)[0].split(".", 1)[0] != "sft")
+        from agent_rl.config import parse_override
+
+        return tuple(o for o in own if parse_override(o)[0].split(".", 1)[0] != "sft")
 
     @property
     def iterations(self) -> int:
@@ -808,7 +810,7 @@ def plot(summary: dict[str, Any], out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from agent_rl.config import ConfigError
+    from agent_rl.config import ConfigError, parse_override
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="two tiny cases on 2 seeds (a smoke test)")
@@ -880,14 +882,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--seeds must be at least 1 (a single seed is a pilot: its lifts get no interval)")
 
     def checked(option: str, settings: tuple[str, ...]) -> tuple[str, ...]:
-        if owned := sorted({s.split("=", 1)[0] for s in settings} & PER_RUN_KEYS):
-            parser.error(
-                f"{option} cannot change {', '.join(owned)}: the benchmark sets them for each run (the case's "
-                "iterations and evaluation interval, --first-seed, --out); give the case other sizes in "
-                "benchmarks/lift.py"
-            )
-        try:
-            for case in cases:  # a bad key or value fails here, before any run starts
+        try:  # a bad key or value fails here, before any run starts
+            if owned := sorted({parse_override(s)[0] for s in settings} & PER_RUN_KEYS):
+                parser.error(
+                    f"{option} cannot change {', '.join(owned)}: the benchmark sets them for each run (the "
+                    "case's iterations or --iterations, its evaluation interval, --first-seed, --out); give the "
+                    "case another evaluation interval in benchmarks/lift.py"
+                )
+            for case in cases:
                 case.config(settings)
         except ConfigError as exc:
             parser.error(f"{option}: {exc}")

@@ -353,6 +353,12 @@ def test_bad_settings_fail_before_any_run(tmp_path, capsys):
     with pytest.raises(SystemExit):
         lift.main(["--quick", "--out", str(tmp_path), "--set", "trainer.eval_every=2", "trainer.seed=3"])
     assert "--set cannot change trainer.eval_every, trainer.seed" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        lift.main(["--quick", "--out", str(tmp_path), "--set", " trainer.seed =3"])
+    assert "--set cannot change trainer.seed" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        lift.main(["--quick", "--out", str(tmp_path), "--set", "optim.lr"])
+    assert "--set: override 'optim.lr' is not of the form key=value" in capsys.readouterr().err
     run = lift.plan(lift.QUICK_CASES[:1], 1, tmp_path, ("optim.lr=1e-4",))[0]
     set_last = {override.split("=", 1)[0] for override in run.command()[-len(lift.PER_RUN_KEYS) :]}
     assert set_last == lift.PER_RUN_KEYS
