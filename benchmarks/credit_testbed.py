@@ -94,7 +94,7 @@ ENVIRONMENTS: dict[str, TestbedEnv] = {
         "agent_rl/Sokoban-v0",
         {"width": 7, "height": 7, "n_boxes": 1, "reverse_steps": 50, "max_steps": 20},
         "7x7 Sokoban, 1 box scrambled by 50 reverse-play moves, 20 steps (training/configs/sokoban.yaml is 6x6 "
-        "with 20 moves)",
+        "with 14 moves)",
     ),
     "corridor": TestbedEnv(
         "testbed/KeyCorridor-v0",

@@ -38,6 +38,15 @@ def finished(run_dir: Path, iterations: int) -> bool:
     return logged_iterations(run_dir) > iterations
 
 
+def recorded_iterations(run_dir: Path) -> int | None:
+    """The RL iterations the run in ``run_dir`` was started for (``trainer.iterations`` of its
+    ``config.yaml``); None before it saved one."""
+    from agent_rl.config import load_config
+
+    config = run_dir / "config.yaml"
+    return load_config(config).trainer.iterations if config.is_file() else None
+
+
 def adopt_rebuilt_warm_start(rebuilt: Path, recorded: Path, name: str, consequence: str) -> None:
     """Move the checkpoints of ``rebuilt``, a warm start trained again because the finished run in
     ``recorded`` lacks them (checkpoints are not committed, so a fresh clone has none), into

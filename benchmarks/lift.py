@@ -45,6 +45,7 @@ from agent_rl.benchmarks.harness import (
     RunFailed,
     adopt_rebuilt_warm_start,
     finished,
+    recorded_iterations,
     run_jobs,
     thread_environment,
     threads_override,
@@ -365,10 +366,12 @@ class Run:
     @property
     def warm_start_lost(self) -> bool:
         """Whether the shared warm start's run finished without its checkpoint, as in a fresh clone of
-        committed results: this lift trains it again (:class:`WarmStartRebuild`)."""
+        committed results: this lift trains it again (:class:`WarmStartRebuild`). Finished means the
+        iterations that run was started for, which may differ from this run's (``--iterations``)."""
         return (
             self.warm_start is not None
-            and finished(self.warm_start, self.iterations)
+            and (source_iterations := recorded_iterations(self.warm_start)) is not None
+            and finished(self.warm_start, source_iterations)
             and self.warm_start_problem() is not None
         )
 
@@ -967,17 +970,20 @@ def main(argv: list[str] | None = None) -> int:
                 for lock in out_locks:
                     lock.release()
     # The summary covers every finished run under --out, whichever cases and seeds this call named.
-    finished = [
-        run
-        for case in every_case
-        for run in plan((case,), seeds_present(args.out, case), args.out, settings)
-        if run.done
-    ]
+    present = [run for case in every_case for run in plan((case,), seeds_present(args.out, case), args.out, settings)]
+    finished = [run for run in present if run.done]
     cases_finished = {run.case.name: run.case for run in finished}
     random_play = {name: random_play_success(case, settings) for name, case in cases_finished.items()}
     summary = summarize(finished, random_play, settings)
     if not summary["cases"]:
-        print("lift: no finished runs to report", file=sys.stderr)
+        recorded = {recorded_iterations(run.run_dir) for run in present}
+        started_for = sorted(recorded - {None, *(run.iterations for run in present)})
+        hint = (
+            f"; its runs were started for {', '.join(map(str, started_for))} iterations: give that --iterations"
+            if started_for
+            else ""
+        )
+        print(f"lift: no finished runs to report under {args.out}{hint}", file=sys.stderr)
         return 1
     if args.baseline:
         try:

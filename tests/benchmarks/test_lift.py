@@ -194,6 +194,20 @@ def test_every_case_is_a_valid_config():
         assert config.trainer.target_success is None and config.trainer.iterations == case.iterations
 
 
+def test_the_bundled_sokoban_recipe_is_the_setting_its_results_measured():
+    # benchmarks/results/lift_graph_credit_sokoban: the sokoban case with the recommended setting.
+    from dataclasses import asdict
+
+    from agent_rl.config import load_config
+
+    (case,) = [case for case in lift.CASES if case.name == "sokoban"]
+    measured = case.config(("rollout.action_mode=admissible", "rollout.target_pass_rate=0.5", "algo.step_credit=graph"))
+    recipe = load_config("sokoban")
+    for section in ("env", "policy", "rollout", "algo", "optim", "sft"):
+        assert asdict(getattr(recipe, section)) == asdict(getattr(measured, section)), section
+    assert (recipe.trainer.iterations, recipe.trainer.eval_every) == (case.iterations, case.eval_every)
+
+
 def test_the_panel_maze_is_won_by_reading_observations_and_rarely_by_chance():
     from agent_rl.envs.maze import MazeEnv
     from agent_rl.training.loop.evaluation import eval_seeds
@@ -323,6 +337,8 @@ def test_quick_run_stops_resumes_writes_curves_lifts_and_reports_again_without_t
     assert "no difference shown at 5% family-wise" in (tmp_path / "summary.md").read_text()
     assert lift.main(["--quick", "--out", str(tmp_path / "empty"), "--report"]) == 1
     assert "no finished runs" in capsys.readouterr().err
+    assert lift.main(["--quick", "--out", str(tmp_path), "--report", "--iterations", "5"]) == 1
+    assert "its runs were started for 2 iterations: give that --iterations" in capsys.readouterr().err
     # The arm ran the RL phase alone, from the same iteration-0 policy and the same sampling seeds (the
     # engine's stream restarts after the warm start).
     for seed in (0, 1):
@@ -474,10 +490,17 @@ def test_a_lost_warm_start_is_trained_again_from_its_runs_config_and_must_match(
         records = [{"iteration": i, "eval/greedy_success": success, **more} for i in range(iterations + 1)]
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
+    def started_for(run_dir, iterations):
+        (run_dir / "config.yaml").write_text(f"trainer:\n  iterations: {iterations}\n")
+
     (run,) = lift.plan(lift.QUICK_CASES[:1], 1, tmp_path / "pilot", warm_starts_from=tmp_path / "defaults")
     assert not run.warm_start_lost and lift.rebuilds_needed([run]) == []  # not trained yet: wait for it
     evaluated(run.warm_start, run.iterations - 1, 0.5)
+    started_for(run.warm_start, run.iterations)
     assert not run.warm_start_lost  # still training
+    started_for(run.warm_start, run.iterations - 1)  # a shorter run (this lift gave more --iterations): finished
+    assert run.warm_start_lost and run.warm_start_problem() is not None
+    started_for(run.warm_start, run.iterations)
     evaluated(run.warm_start, run.iterations, 0.5)  # finished; its checkpoint is not there
     assert run.warm_start_lost and run.warm_start_problem() is not None
     (rebuild,) = lift.rebuilds_needed([run, run])  # once per warm start
