@@ -57,7 +57,10 @@ def parse_env_kwargs(pairs: list[str] | tuple[str, ...]) -> dict[str, Any]:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip().isidentifier():
             raise ValueError(f"environment argument {pair!r} is not of the form key=value")
-        kwargs[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+        try:
+            kwargs[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+        except yaml.YAMLError as exc:
+            raise ValueError(f"environment argument {pair!r}: cannot read the value: {exc}") from None
     return kwargs
 
 

@@ -145,6 +145,8 @@ def test_play_rejects_unknown_envs_and_bad_arguments(monkeypatch, capsys):
     assert code == 2 and "not of the form key=value" in out
     code, out = _play(monkeypatch, capsys, ["agent_rl/Maze-v0", "n_rooms=1"], "")
     assert code == 2 and "n_rooms must be in" in out
+    code, out = _play(monkeypatch, capsys, ["agent_rl/Maze-v0", "n_rooms=[1"], "")
+    assert code == 2 and "environment argument 'n_rooms=[1': cannot read the value" in out
 
 
 def test_play_as_a_real_process_reads_stdin():
